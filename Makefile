@@ -1,0 +1,38 @@
+# One-command setup and runs. Everything installs into ./.venv from this repository's own files.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export NUMBA_CACHE_DIR := $(CURDIR)/.cache/numba
+export MPLBACKEND := Agg
+
+.PHONY: install demo test lint validate clean-outputs
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m ipykernel install --sys-prefix --name cglib --display-name "Python (cglib)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/cglib run params/demo.yaml
+
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check cglib tests benchmarks
+
+validate: install
+	$(VENV)/bin/cglib validate params/demo.yaml
+	$(VENV)/bin/cglib validate params/hierarcaps.yaml --no-check-paths
+	$(VENV)/bin/cglib validate params/paper.yaml --no-check-paths
+
+clean-outputs:
+	find outputs -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

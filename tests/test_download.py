@@ -1,0 +1,293 @@
+"""Downloads from a local HTTP server on 127.0.0.1 only: resume, restart, checksums, zips."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import socket
+import threading
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from cglib.data import download as dl
+from cglib.data.download import (
+    NAMED_DOWNLOADS,
+    ChecksumError,
+    DownloadError,
+    NamedDownload,
+    RemoteFile,
+    download,
+    download_hierarcaps_images,
+    download_named,
+    extract_zip,
+    file_digest,
+)
+
+PAYLOAD = random.Random(0).randbytes(300_000)  # not a multiple of the 1 MiB chunk, nor of anything else
+
+
+@dataclass
+class ServerState:
+    files: dict[str, bytes] = field(default_factory=dict)
+    requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
+    drops_left: dict[str, int] = field(default_factory=dict)  # path -> connections still to cut mid-body
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Behaviour by the first path segment: range, norange, drop, alwaysdrop, corrupt, error500; else 404."""
+
+    state: ServerState
+
+    def log_message(self, *args: object) -> None:  # keep pytest output clean
+        pass
+
+    def do_GET(self) -> None:
+        self.state.requests.append((self.path, self.headers.get("Range")))
+        mode, _, name = self.path.lstrip("/").partition("/")
+        body = self.state.files.get(name)
+        if body is None or mode not in {"range", "norange", "drop", "alwaysdrop", "corrupt", "error500"}:
+            self.send_error(404)
+            return
+        if mode == "error500":
+            self.send_error(500)
+            return
+        if mode == "corrupt":
+            body = body[:1000] + bytes([body[1000] ^ 0xFF]) + body[1001:]
+        start = 0
+        range_header = self.headers.get("Range")
+        if range_header and mode != "norange":
+            start = int(range_header.removeprefix("bytes=").split("-")[0])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        rest = body[start:]
+        self.send_header("Content-Length", str(len(rest)))
+        self.end_headers()
+        drop = mode == "alwaysdrop" or (mode == "drop" and self.state.drops_left.get(self.path, 1) > 0)
+        if drop:  # promise the whole body, send a third, then cut the connection
+            self.state.drops_left[self.path] = self.state.drops_left.get(self.path, 1) - 1
+            self.wfile.write(rest[: max(1, len(rest) // 3)])
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        self.wfile.write(rest)
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, ServerState]]:
+    """A threaded HTTP server on a free 127.0.0.1 port, serving PAYLOAD as /<mode>/file.bin."""
+    state = ServerState(files={"file.bin": PAYLOAD})
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+SHA = hashlib.sha256(PAYLOAD).hexdigest()
+MD5 = hashlib.md5(PAYLOAD).hexdigest()
+
+
+def test_plain_download_with_checksums(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """The file arrives intact, checksums pass, no .part is left; a folder dest keeps the URL name."""
+    base, state = server
+    out = download(f"{base}/range/file.bin", tmp_path / "a.bin", sha256=SHA, md5=MD5, progress=False)
+    assert out.read_bytes() == PAYLOAD and not (tmp_path / "a.bin.part").exists()
+    assert download(f"{base}/range/file.bin", tmp_path, progress=False) == tmp_path / "file.bin"
+    assert state.requests == [("/range/file.bin", None), ("/range/file.bin", None)]
+
+
+def test_resume_from_part_file_uses_range(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """An existing .part is continued with `Range: bytes=N-`, not downloaded again."""
+    base, state = server
+    (tmp_path / "a.bin.part").write_bytes(PAYLOAD[:123_456])
+    download(f"{base}/range/file.bin", tmp_path / "a.bin", sha256=SHA, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD
+    assert state.requests == [("/range/file.bin", "bytes=123456-")]
+
+
+def test_server_ignoring_range_restarts(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """When the server answers 200 to a Range request, the .part is rewritten from byte 0 (not appended)."""
+    base, state = server
+    (tmp_path / "a.bin.part").write_bytes(b"stale bytes that must not survive")
+    download(f"{base}/norange/file.bin", tmp_path / "a.bin", sha256=SHA, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD
+    assert state.requests == [("/norange/file.bin", "bytes=33-")]
+
+
+def test_dropped_connection_is_resumed(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """A connection cut mid-body is retried from where it stopped, and the result is exact."""
+    base, state = server
+    state.drops_left["/drop/file.bin"] = 2
+    download(f"{base}/drop/file.bin", tmp_path / "a.bin", sha256=SHA, progress=False, retries=3, backoff_s=0)
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD
+    first, second, third = [r[1] for r in state.requests]
+    assert first is None and second == f"bytes={len(PAYLOAD) // 3}-"
+    assert third == f"bytes={len(PAYLOAD) // 3 + (len(PAYLOAD) - len(PAYLOAD) // 3) // 3}-"
+
+
+def test_retries_exhausted_keeps_part_for_later(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """After the last retry a DownloadError says how much is kept; a later run resumes from there."""
+    base, state = server
+    with pytest.raises(DownloadError, match=r"failed after 2 attempts .* run again to resume"):
+        download(f"{base}/alwaysdrop/file.bin", tmp_path / "a.bin", progress=False, retries=1, backoff_s=0)
+    kept = (tmp_path / "a.bin.part").stat().st_size
+    assert 0 < kept < len(PAYLOAD) and not (tmp_path / "a.bin").exists()
+    assert (tmp_path / "a.bin.part").read_bytes() == PAYLOAD[:kept]
+    download(f"{base}/range/file.bin", tmp_path / "a.bin", sha256=SHA, progress=False)
+    assert state.requests[-1] == ("/range/file.bin", f"bytes={kept}-")
+
+
+def test_complete_part_file_answered_416(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """A .part that already holds the whole file gets 416 with the same size, and is accepted as complete."""
+    base, _ = server
+    (tmp_path / "a.bin.part").write_bytes(PAYLOAD)
+    out = download(f"{base}/range/file.bin", tmp_path / "a.bin", md5=MD5, progress=False)
+    assert out.read_bytes() == PAYLOAD
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "md5"])
+def test_corrupted_file_fails_checksum(server: tuple[str, ServerState], tmp_path: Path,
+                                       algorithm: str) -> None:
+    """A corrupted transfer raises ChecksumError with both digests and leaves neither the file nor a .part."""
+    base, _ = server
+    bad = PAYLOAD[:1000] + bytes([PAYLOAD[1000] ^ 0xFF]) + PAYLOAD[1001:]
+    expected = {"sha256": SHA, "md5": MD5}[algorithm]
+    with pytest.raises(ChecksumError) as err:
+        download(f"{base}/corrupt/file.bin", tmp_path / "a.bin", progress=False, **{algorithm: expected})
+    actual = hashlib.new(algorithm, bad).hexdigest()
+    assert expected in str(err.value) and actual in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_http_errors(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """404 fails at once (no retry); 500 is retried, then reported."""
+    base, state = server
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        download(f"{base}/range/missing.bin", tmp_path / "a.bin", progress=False, retries=3, backoff_s=0)
+    assert len(state.requests) == 1
+    with pytest.raises(DownloadError, match=r"failed after 3 attempts .*HTTP 500"):
+        download(f"{base}/error500/file.bin", tmp_path / "b.bin", progress=False, retries=2, backoff_s=0)
+    assert len(state.requests) == 4
+
+
+def test_existing_file_is_verified_not_refetched(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """A present file with the right checksum is kept without a request; a wrong one is fetched again."""
+    base, state = server
+    (tmp_path / "a.bin").write_bytes(PAYLOAD)
+    download(f"{base}/range/file.bin", tmp_path / "a.bin", sha256=SHA, progress=False)
+    assert state.requests == []
+    (tmp_path / "a.bin").write_bytes(b"old version")
+    download(f"{base}/range/file.bin", tmp_path / "a.bin", sha256=SHA, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD and len(state.requests) == 1
+
+
+def make_zip(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buffer.getvalue()
+
+
+def test_extract_zip_once_and_safely(tmp_path: Path) -> None:
+    """A zip extracts once (a marker skips the second time); '..' members and corrupt zips are refused."""
+    good = tmp_path / "good.zip"
+    good.write_bytes(make_zip({"annotations/captions_val2017.json": b"{}", "val2017/a.txt": b"a"}))
+    out = tmp_path / "out"
+    assert extract_zip(good, out, progress=False) == out
+    assert (out / "annotations/captions_val2017.json").read_bytes() == b"{}"
+    (out / "val2017/a.txt").unlink()
+    extract_zip(good, out, progress=False)
+    assert not (out / "val2017/a.txt").exists()  # skipped thanks to the marker
+    evil = tmp_path / "evil.zip"
+    evil.write_bytes(make_zip({"../escaped.txt": b"x"}))
+    with pytest.raises(ValueError, match="outside"):
+        extract_zip(evil, out, progress=False)
+    assert not (tmp_path / "escaped.txt").exists()
+    broken = tmp_path / "broken.zip"
+    broken.write_bytes(good.read_bytes()[:50])
+    with pytest.raises(ValueError, match="not a valid zip .* download it again"):
+        extract_zip(broken, tmp_path / "out2", progress=False)
+
+
+def test_download_named_fetches_and_extracts(server: tuple[str, ServerState], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry entry pointed at the local server downloads, checks, extracts and returns its outputs."""
+    base, state = server
+    archive = make_zip({"annotations/captions_train2017.json": b"{}",
+                        "annotations/captions_val2017.json": b"{}"})
+    state.files["ann.zip"] = archive
+    entry = NamedDownload("test", (RemoteFile(f"{base}/range/ann.zip", "ann.zip",
+                                              md5=hashlib.md5(archive).hexdigest(), extract=True),),
+                          NAMED_DOWNLOADS["coco-annotations"].outputs)
+    monkeypatch.setitem(NAMED_DOWNLOADS, "coco-annotations", entry)
+    outputs = download_named("coco-annotations", tmp_path / "coco", progress=False, remove_archives=True)
+    assert outputs == [tmp_path / "coco/annotations/captions_train2017.json",
+                       tmp_path / "coco/annotations/captions_val2017.json"]
+    assert all(p.is_file() for p in outputs) and not (tmp_path / "coco/ann.zip").exists()
+    assert download_named("coco-annotations", tmp_path / "coco", progress=False) == outputs
+    assert len(state.requests) == 1  # the second call found the extraction marker
+    with pytest.raises(ValueError, match="unknown download 'coco'; choose one of: coco-annotations"):
+        download_named("coco", tmp_path)
+
+
+def test_hierarcaps_images_from_csv(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """Every image_url of a HierarCaps CSV is fetched under its file name; present files are not refetched."""
+    base, state = server
+    names = [f"COCO_val2014_{i:012d}.jpg" for i in range(1, 4)]
+    for i, name in enumerate(names):
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), (i * 60, 0, 0)).save(buffer, format="JPEG")
+        state.files[name] = buffer.getvalue()
+    rows = "".join(f'{i},"a => b => c => d",{base}/range/{name}\n' for i, name in enumerate(names))
+    csv_path = tmp_path / "hc.csv"
+    csv_path.write_text("id,captions,image_url\n" + rows, encoding="utf-8")
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / names[0]).write_bytes(state.files[names[0]])
+    download_hierarcaps_images(csv_path, tmp_path / "imgs", workers=2, progress=False)
+    assert sorted(p.name for p in (tmp_path / "imgs").iterdir()) == names
+    assert all((tmp_path / "imgs" / n).read_bytes() == state.files[n] for n in names)
+    assert sorted(r[0] for r in state.requests) == [f"/range/{n}" for n in names[1:]]
+    state.files.pop(names[2])
+    (tmp_path / "imgs" / names[2]).unlink()
+    with pytest.raises(DownloadError, match="1 of 3 images failed .*HTTP 404"):
+        download_hierarcaps_images(csv_path, tmp_path / "imgs", progress=False, retries=0)
+
+
+def test_registry_is_well_formed() -> None:
+    """Every named download has https/http URLs on the expected hosts, a checksum and outputs."""
+    assert {"coco-annotations", "coco-images", "hierarcaps"} <= set(NAMED_DOWNLOADS)
+    for name, entry in NAMED_DOWNLOADS.items():
+        assert entry.files and entry.outputs and entry.description, name
+        for remote in entry.files:
+            hosts = ("http://images.cocodataset.org/", "https://raw.githubusercontent.com/")
+            assert remote.url.startswith(hosts)
+            assert remote.url.endswith(remote.file_name)
+            assert len(remote.md5 or "") == 32 or len(remote.sha256 or "") == 64, name
+
+
+def test_hierarcaps_checksum_matches_the_published_csv(shared_data: Path) -> None:
+    """The pinned sha256 and size are those of the HierarCaps test CSV (the copy in shared/data)."""
+    csv_path = shared_data / "hierarcaps" / "hierarcaps_test.csv"
+    assert file_digest(csv_path, "sha256") == dl.HIERARCAPS_CSV.sha256
+    assert csv_path.stat().st_size == dl.HIERARCAPS_CSV.size_bytes

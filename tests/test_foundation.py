@@ -1,0 +1,280 @@
+"""Foundation: params validation, the papermill runner, CLI exit codes, repo hygiene (env sync, notebooks, README)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from cglib.cli import main as cli_main
+from cglib.config import Params, ParamsError, load_params, parse_params, schema_table
+from cglib.pipeline import discover_notebooks, select_notebooks
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- params
+def test_shipped_profiles_validate(shared_data):
+    """demo and hierarcaps validate with their paths checked; paper validates once paths are not required."""
+    assert load_params(REPO / "params/demo.yaml").run.profile == "demo"
+    assert load_params(REPO / "params/hierarcaps.yaml").data.source == "coco"
+    paper = load_params(REPO / "params/paper.yaml", check_paths=False)
+    assert (paper.model.name, paper.model.pretrained, paper.train.groups_per_batch, paper.train.pairs_per_group,
+            paper.train.lr, paper.train.tau, paper.train.alpha) == ("ViT-B-32", "openai", 2, 10, 1e-8, 0.1, 0.7)
+
+
+def test_paper_profile_needs_its_data_unless_told():
+    """paper.yaml names COCO paths that do not exist here: an error naming each key, unless --no-check-paths."""
+    with pytest.raises(ParamsError) as err:
+        load_params(REPO / "params/paper.yaml")
+    assert "data.coco_captions: path does not exist" in str(err.value)
+    assert "--no-check-paths" in str(err.value)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("run:\n  nmae: x\n", "run.nmae: unknown key; did you mean 'name'?"),
+    ("trian:\n  epochs: 1\n", "trian: unknown key; did you mean 'train'?"),
+    ("train:\n  groups_per_batch: -2\n", "train.groups_per_batch: Input should be greater than or equal to 1"),
+    ("run:\n  profile: demoo\n", "run.profile: Input should be 'demo', 'paper', 'hierarcaps' or 'custom'"),
+    ("train:\n  epochs: many\n", "train.epochs: Input should be a valid integer"),
+    ("train:\n  runs: [{name: a, loss: clipp}]\n", "train.runs[0].loss: Input should be 'clip'"),
+    ("train:\n  runs: [{name: a, loss: clip}, {name: a, loss: pairwise}]\n", "duplicate run names ['a']"),
+    ("data:\n  synthetic: {min_objects: 4, max_objects: 2}\n", "min_objects (4) exceeds max_objects (2)"),
+    ("data:\n  source: coco\n", "source 'coco' needs data.coco_captions and data.coco_images"),
+    ("llm:\n  api_key_env: sk-abc123\n", "llm.api_key_env: String should match pattern"),
+    ("magic:\n  sim_min: 1.5\n", "magic.sim_min: Input should be less than or equal to 1"),
+    ("- just\n- a list\n", "params must be a YAML mapping"),
+])
+def test_each_broken_field_gets_its_own_message(tmp_path, text, expected):
+    """Every kind of bad value yields one line that names the key and what is wrong."""
+    with pytest.raises(ParamsError) as err:
+        load_params(write_yaml(tmp_path / "p.yaml", text))
+    assert expected in str(err.value)
+
+
+def test_several_problems_reported_together(tmp_path):
+    """All problems of a file are listed, one line each, not only the first."""
+    path = write_yaml(tmp_path / "p.yaml", "run:\n  seed: -1\ntrain:\n  epochs: 0\n  lr: -1.0\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3 and {ln.split(":")[0] for ln in lines} == {"run.seed", "train.epochs", "train.lr"}
+
+
+def test_yaml_11_exponent_strings_are_numbers(tmp_path):
+    """PyYAML reads `1e-5` as a string (YAML 1.1); the schema coerces it to the float the user meant."""
+    params = load_params(write_yaml(tmp_path / "p.yaml", "train:\n  lr: 1e-5\n  pretrain_lr: 2E-6\n"))
+    assert params.train.lr == 1e-5 and params.train.pretrain_lr == 2e-6
+
+
+def test_missing_input_path_is_named(tmp_path):
+    """A COCO profile whose files are absent says which key points nowhere."""
+    text = "data:\n  source: coco\n  coco_captions: nope.json\n  coco_images: imgs\n"
+    with pytest.raises(ParamsError) as err:
+        load_params(write_yaml(tmp_path / "p.yaml", text))
+    assert "data.coco_captions: path does not exist" in str(err.value)
+    assert "data.coco_images: path does not exist" in str(err.value)
+    assert load_params(tmp_path / "p.yaml", check_paths=False).data.coco_captions == tmp_path / "nope.json"
+
+
+def test_relative_paths_resolve_against_repo_root():
+    """Paths in params/*.yaml are relative to the repository root, wherever the process runs."""
+    params = load_params(REPO / "params/paper.yaml", check_paths=False)
+    assert params.data.coco_images == REPO / "data/coco/train2017"
+    assert params.run_dir() == REPO / "outputs" / "paper"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("run: [\n", "not valid YAML at line 2"),
+    ("train:\n  groupz_per_batch: 3\n", "did you mean 'groups_per_batch'"),
+    ("train:\n  groups_per_batch: -1\n", "train.groups_per_batch"),
+    ("run:\n  profile: laptop\n", "run.profile"),
+])
+def test_cli_validate_exit_2_and_writes_nothing(tmp_path, capsys, monkeypatch, text, message):
+    """Bad params: exit code 2, one clear line, and no outputs/ folder created by validate or run."""
+    monkeypatch.chdir(tmp_path)
+    path = write_yaml(tmp_path / "bad.yaml", text)
+    assert cli_main(["validate", str(path)]) == 2
+    assert message in capsys.readouterr().err
+    assert cli_main(["run", str(path)]) == 2
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_cli_validate_missing_file_and_good_file(tmp_path, capsys):
+    """A missing file is exit 2 with its name; a good file is exit 0."""
+    assert cli_main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    assert "params file not found" in capsys.readouterr().err
+    assert cli_main(["validate", str(REPO / "params/demo.yaml")]) == 0
+
+
+def test_cli_is_installed_as_a_command():
+    """`cglib validate` works as a console script (the README's entry point)."""
+    exe = Path(sys.executable).parent / "cglib"
+    result = subprocess.run([str(exe), "validate", str(REPO / "params/demo.yaml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    bad = subprocess.run([str(exe), "validate", "/nonexistent.yaml"], capture_output=True, text=True)
+    assert bad.returncode == 2
+
+
+def test_schema_table_lists_every_key_with_meaning():
+    """The generated params table covers every leaf key of every section, each with a description."""
+    rows = schema_table()
+    keys = {r["key"] for r in rows}
+    for section in ("run", "data", "llm", "magic", "model", "train", "eval", "viz"):
+        assert any(k.startswith(section + ".") for k in keys), section
+    assert "data.synthetic.images_per_concept" in keys and "train.runs[].loss" in keys
+    assert all(r["meaning"] for r in rows), [r["key"] for r in rows if not r["meaning"]]
+
+
+def test_secrets_are_never_params():
+    """There is no params key that could hold an API key: only the name of the environment variable."""
+    keys = {r["key"] for r in schema_table()}
+    assert not {k for k in keys if re.search(r"(api_key|token|secret|password)$", k)}
+    with pytest.raises(ParamsError):
+        parse_params({"llm": {"api_key": "sk-123"}}, REPO)
+
+
+# ------------------------------------------------------------------------------------------- runner
+def _notebook(path: Path, cells: list[str]) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('params_path = ""\nrun_dir = ""', metadata={"tags": ["parameters"]})]
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in cells]
+    nb.metadata["kernelspec"] = {"name": "cglib", "display_name": "Python (cglib)", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def two_notebook_series(tmp_path):
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "01_first.ipynb", [
+        "from pathlib import Path\nfrom cglib.run import open_run\nrun = open_run(params_path, run_dir)",
+        "(Path(run_dir) / 'first.txt').write_text(run.params.run.name + ' ' + params_path)"])
+    _notebook(nbdir / "02_second.ipynb", [
+        "from pathlib import Path\ntext = (Path(run_dir) / 'first.txt').read_text()",
+        "(Path(run_dir) / 'second.txt').write_text(text.upper())"])
+    params = write_yaml(tmp_path / "p.yaml", "run:\n  name: mini\n  threads: 1\n")
+    return nbdir, params
+
+
+@pytest.mark.slow
+def test_runner_executes_series_and_writes_manifest(two_notebook_series, tmp_path):
+    """Notebooks run in order with params_path and run_dir injected; run.json records status and timings."""
+    nbdir, params = two_notebook_series
+    out = tmp_path / "run"
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 0
+    assert (out / "second.txt").read_text() == f"MINI {params.resolve()}".upper()
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "ok" and [n["name"] for n in manifest["notebooks"]] == ["01_first.ipynb",
+                                                                                          "02_second.ipynb"]
+    assert all(n["duration_s"] > 0 for n in manifest["notebooks"])
+    assert manifest["params"]["run"]["name"] == "mini" and "torch" in manifest["versions"]
+    executed = nbformat.read(out / "notebooks" / "01_first.ipynb", as_version=4)
+    injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and str(out.resolve()) in injected[0].source
+    # --only runs just the chosen notebook (its input from the first run still exists)
+    (out / "second.txt").unlink()
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out), "--only", "02"]) == 0
+    assert (out / "second.txt").exists()
+    assert [n["name"] for n in json.loads((out / "run.json").read_text())["notebooks"]] == ["02_second.ipynb"]
+
+
+@pytest.mark.slow
+def test_runner_failing_cell_exits_nonzero_naming_it(tmp_path, capsys):
+    """A raising cell stops the series: exit 1, the notebook, cell and exception named, later notebooks not run."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "01_ok.ipynb", ["x = 1"])
+    _notebook(nbdir / "02_broken.ipynb", ["y = 2", "raise ValueError('the magic.json is stale')"])
+    _notebook(nbdir / "03_never.ipynb", ["open('never_ran', 'w')"])
+    params = write_yaml(tmp_path / "p.yaml", "run:\n  name: broken\n")
+    out = tmp_path / "run"
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    # In [4]: the parameters cell, papermill's injected cell, `y = 2`, then the raising cell
+    assert "02_broken.ipynb failed at cell In [4] [raise ValueError(" in err
+    assert "ValueError: the magic.json is stale" in err
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "failed"
+    assert [n["status"] for n in manifest["notebooks"]] == ["ok", "failed"]
+    assert not (nbdir / "never_ran").exists()
+
+
+def test_notebook_selection_by_number(tmp_path):
+    """--only and --from select by number prefix; an unknown number is an error listing the valid ones."""
+    for name in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb", "notes.ipynb"):
+        (tmp_path / name).write_text("{}")
+    nbs = discover_notebooks(tmp_path)
+    assert [p.name for p in nbs] == ["01_a.ipynb", "02_b.ipynb", "03_c.ipynb"]
+    assert [p.name[:2] for p in select_notebooks(nbs, only=["3", "01"])] == ["01", "03"]
+    assert [p.name[:2] for p in select_notebooks(nbs, start="02")] == ["02", "03"]
+    with pytest.raises(ValueError, match="no notebook numbered '07'; available: 01, 02, 03"):
+        select_notebooks(nbs, only=["07"])
+
+
+# -------------------------------------------------------------------------------------- repo hygiene
+def test_environment_yml_in_sync_with_pyproject():
+    """environment.yml's pip section installs exactly pyproject's dependencies plus the package itself."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert sorted(p for p in pip_section if not p.startswith("-e")) == sorted(deps)
+    assert "-e .[dev]" in pip_section
+    py = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python"))
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=3.10" and py == "python=3.11"
+
+
+def test_readme_commands_are_what_ci_and_make_use():
+    """The README opens with `make demo` and `make test`; .ci/run runs `make test`; the Makefile defines both."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", readme, flags=re.S)
+    assert blocks and blocks[0].strip().splitlines() == ["make demo", "make test"]
+    ci = (REPO / ".ci/run").read_text()
+    assert re.search(r"^make test$", ci, flags=re.M)
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^demo:.*\n\t.*cglib run params/demo.yaml", makefile, flags=re.M)
+    assert re.search(r"^test:.*\n\t.*pytest", makefile, flags=re.M)
+
+
+def test_committed_notebooks_are_clean_and_parameterised():
+    """Every numbered notebook: no outputs, the cglib kernel, and a `parameters` cell with params_path, run_dir."""
+    notebooks = discover_notebooks(REPO / "notebooks")
+    assert notebooks and notebooks[0].name == "00_overview.ipynb"
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        assert nb.metadata["kernelspec"]["name"] == "cglib", path.name
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), path.name
+        params_cells = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+        assert len(params_cells) == 1 and "params_path" in params_cells[0].source and \
+            "run_dir" in params_cells[0].source, path.name
+
+
+def test_outputs_is_ignored_except_readme():
+    """outputs/ holds results and is git-ignored except its README."""
+    ignore = (REPO / ".gitignore").read_text().splitlines()
+    assert "outputs/*" in ignore and "!outputs/README.md" in ignore
+    assert (REPO / "outputs/README.md").is_file()
+
+
+def test_params_defaults_are_valid():
+    """An empty params file is the documented defaults and is valid; only output_dir gets resolved."""
+    defaults = Params().model_dump()
+    parsed = parse_params({}, REPO, check_paths=False).model_dump()
+    assert parsed["run"].pop("output_dir") == REPO / "outputs"
+    defaults["run"].pop("output_dir")
+    assert parsed == defaults
