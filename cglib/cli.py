@@ -19,7 +19,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from cglib.pipeline import NotebookFailed, default_notebook_dir, discover_notebooks, run_series, select_notebooks
+    from cglib.pipeline import (
+        NotebookFailed,
+        default_notebook_dir,
+        discover_notebooks,
+        run_series,
+        select_notebooks,
+    )
 
     params = load_params(args.params, check_paths=not args.no_check_paths)
     notebooks_dir = Path(args.notebooks) if args.notebooks else default_notebook_dir()
@@ -42,13 +48,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _figures(args: argparse.Namespace) -> int:
-    from cglib.viz.figures import regenerate_figures
+    from cglib.viz.figures import FigureFailures, regenerate_figures
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "params.yaml").is_file():
         print(f"error: {run_dir} is not a run directory (no params.yaml); pass outputs/<run>", file=sys.stderr)
         return 2
-    written = regenerate_figures(run_dir, formats=args.formats.split(",") if args.formats else None)
+    try:
+        written = regenerate_figures(run_dir, formats=args.formats.split(",") if args.formats else None)
+    except FigureFailures as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
     print(f"{len(written)} figure files written under {run_dir / 'figures'}")
     return 0
 

@@ -46,7 +46,7 @@ class SyntheticParams(Section):
     max_objects: int = Field(5, ge=1, le=10, description="Most objects drawn in a scene.")
 
     @model_validator(mode="after")
-    def _objects_order(self) -> "SyntheticParams":
+    def _objects_order(self) -> SyntheticParams:
         if self.min_objects > self.max_objects:
             raise ValueError(f"min_objects ({self.min_objects}) exceeds max_objects ({self.max_objects}); "
                              "set min_objects <= max_objects")
@@ -65,7 +65,7 @@ class DataParams(Section):
     image_cache_size: int = Field(224, ge=16, le=1024, description="Side of the decoded uint8 image cache for training.")
 
     @model_validator(mode="after")
-    def _source_inputs(self) -> "DataParams":
+    def _source_inputs(self) -> DataParams:
         if self.source == "coco" and (self.coco_captions is None or self.coco_images is None):
             raise ValueError("source 'coco' needs data.coco_captions and data.coco_images; set both paths")
         if self.source == "hierarcaps" and (self.hierarcaps_csv is None or self.hierarcaps_images is None):
@@ -90,6 +90,9 @@ class LLMParams(Section):
     backoff_base_s: float = Field(0.5, gt=0, description="First retry delay (s); doubles per retry, with jitter.")
     backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay without a Retry-After header (s).")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
+    http_transport: Literal["auto", "httpx", "aiohttp"] = Field(
+        "auto", description="HTTP transport of the openai client: aiohttp is about 2x faster at high concurrency; "
+        "auto = aiohttp when installed, else httpx.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature (0 = deterministic).")
     structured_output: bool = Field(True, description="Ask the server for JSON-schema structured output.")
     batch_api: bool = Field(False, description="Use the OpenAI Batch API (24 h window, half price) instead of live calls.")
@@ -111,6 +114,8 @@ class LLMParams(Section):
     offline_method: Literal["name", "photo", "content", "name+content"] = Field(
         "content", description="Offline backend: what an image's mean caption embedding is compared with: the l1 "
         "name, 'a photo of <name>', the scene's objects and settings, or the mean of name and content.")
+    offline_taxonomy: Path | None = Field(None, description="Taxonomy YAML of the offline backend; null = the one "
+                                          "shipped in the package (the synthetic world's).")
     batch_max_requests: int = Field(50_000, ge=1, le=50_000, description="Batch API: requests per JSONL file.")
     batch_max_bytes: int = Field(200_000_000, ge=1_000, le=200_000_000, description="Batch API: bytes per JSONL file.")
     batch_max_enqueued_tokens: int = Field(2_000_000, ge=1_000, description="Batch API: estimated input tokens "
@@ -159,6 +164,9 @@ class TrainRunParams(Section):
         "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
     alpha_on: Literal["inner", "outer"] = Field("inner", description="inner: paper (alpha*inner); outer: authors' code.")
     normalize_products: bool = Field(False, description="Authors' pairwise inner term (normalized products).")
+    tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")
+    tau_inner: float | None = Field(None, gt=0, description="Override train.tau_inner for this run.")
+    alpha: float | None = Field(None, ge=0.0, le=1.0, description="Override train.alpha for this run.")
 
 
 class TrainParams(Section):
@@ -181,6 +189,11 @@ class TrainParams(Section):
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="Mixed precision (auto: bf16 on GPU, off on CPU).")
     pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
     pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
+    pretrain_batch_size: int = Field(64, ge=2, description="Text pairs per textual-pretraining batch (distinct "
+                                     "target texts, so no pair is another's false negative).")
+    text_source: Literal["generalized", "original"] = Field(
+        "generalized", description="Text side of training pairs: the group's generalized captions (paper) or "
+        "each image's own original captions.")
     resume: bool = Field(True, description="Continue from the last checkpoint of a run when one exists.")
     num_workers: int = Field(0, ge=0, description="DataLoader workers.")
     log_every: int = Field(10, ge=1, description="Log every k steps.")
@@ -201,11 +214,36 @@ class EvalParams(Section):
     recall_at: list[int] = Field(default_factory=lambda: [1, 5, 10], description="k values for gallery R@k.")
     bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals (0 = none).")
     ci: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence level.")
+    bootstrap_unit: Literal["image", "group"] = Field(
+        "image", description="What the bootstrap resamples on the MAGIC test split: image (test items, for these "
+        "concepts) or group (whole l1 groups with their images: wider intervals that also cover concept sampling).")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Evaluation seeds (forced-choice sampling).")
     hierarcaps: bool = Field(False, description="Also evaluate on HierarCaps (needs data.hierarcaps_csv/images).")
     hierarcaps_batch: int = Field(100, ge=2, description="B of the in-batch HierarCaps variant.")
+    hierarcaps_radii: int = Field(50, ge=2, description="Radius thresholds of the HierarCaps hierarchical metric "
+                                  "(its authors use 50).")
+    negative_source: Literal["group", "level"] = Field(
+        "group", description="Forced-choice negatives: group = hard negatives of the image's l1 group (paper; "
+        "a negative with the anchor's text at the level is skipped); level = hard negatives of the image's node at "
+        "the evaluated level.")
+    fallback_negatives: bool = Field(True, description="Forced choice may draw negatives from the DAG's flagged "
+                                     "fallback negative groups (magic.min_hard_negatives), as training does.")
     coco_retrieval: bool = Field(True, description="Caption retrieval on the test split's original captions.")
     batch_size: int = Field(256, ge=1, description="Encoding batch size.")
+
+    @field_validator("recall_at")
+    @classmethod
+    def _positive_ks(cls, ks: list[int]) -> list[int]:
+        if not ks or any(k < 1 for k in ks):
+            raise ValueError(f"recall_at needs at least one k >= 1, got {ks}; e.g. [1, 5, 10]")
+        return sorted(set(ks))
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, seeds: list[int]) -> list[int]:
+        if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+            raise ValueError(f"seeds must be a non-empty list of distinct non-negative ints, got {seeds}")
+        return seeds
 
 
 # --------------------------------------------------------------------------------------------- viz
@@ -216,6 +254,15 @@ class VizParams(Section):
     attention_images: int = Field(4, ge=0, description="Test images in the attention grid.")
     formats: list[Literal["png", "pdf", "svg"]] = Field(default_factory=lambda: ["png", "pdf"], description="Figure formats.")
     dpi: int = Field(150, ge=50, le=600, description="Raster figure resolution.")
+    umap_texts: Literal["captions", "generalized"] = Field(
+        "captions", description="Texts behind the text centroids: the test images' original captions, or their "
+        "l1 groups' generalized captions (group-level, possibly seen in training).")
+    trust_neighbors: int = Field(5, ge=1, description="k of the trustworthiness score printed on each UMAP panel.")
+    label_max: int = Field(40, ge=0, description="Most l1 names written per UMAP panel (names that would overprint "
+                           "another are left out).")
+    explorer_top_k: int = Field(5, ge=1, le=50, description="Images per model shown by the concept explorer.")
+    numba_cache_dir: Path | None = Field(None, description="numba compile cache for UMAP; null = $NUMBA_CACHE_DIR "
+                                         "or ~/.cache/cglib/numba.")
 
 
 # ---------------------------------------------------------------------------------------------- all
@@ -230,7 +277,7 @@ class Params(Section):
     viz: VizParams = Field(default_factory=VizParams)
 
     @model_validator(mode="after")
-    def _cross_section(self) -> "Params":
+    def _cross_section(self) -> Params:
         if self.viz.color_level > self.magic.l_max:
             raise ValueError(f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
                              "lower viz.color_level")
@@ -309,8 +356,10 @@ def resolve_paths(params: Params, root: Path) -> Params:
         p = data["data"][key]
         if p is not None and not Path(p).is_absolute():
             data["data"][key] = root / p
-    if data["model"]["checkpoint"] is not None and not Path(data["model"]["checkpoint"]).is_absolute():
-        data["model"]["checkpoint"] = root / data["model"]["checkpoint"]
+    for section, key in (("model", "checkpoint"), ("llm", "cache_path"), ("llm", "offline_taxonomy")):
+        p = data[section][key]
+        if p is not None and not Path(p).is_absolute():
+            data[section][key] = root / p
     if not Path(data["run"]["output_dir"]).is_absolute():
         data["run"]["output_dir"] = root / data["run"]["output_dir"]
     return Params.model_validate(data)

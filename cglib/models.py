@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import open_clip
@@ -98,6 +98,46 @@ class ClipModel:
         return [p for n, p in m.named_parameters() if n.split(".")[0] in names]
 
 
+    def set_text_trainable(self, trainable: bool) -> None:
+        """Freeze (False) or unfreeze (True) the text tower."""
+        for p in self.text_parameters():
+            p.requires_grad_(trainable)
+
+    def freeze_logit_scale(self) -> None:
+        """Freeze logit_scale (and logit_bias): the project's losses use a fixed tau and never read them.
+
+        Under DDP every trainable parameter must receive a gradient (open_clip #1076), so an unused learnable
+        temperature has to be frozen; retrieval ranks by cosine, which the scale does not change.
+        """
+        for name in ("logit_scale", "logit_bias"):
+            param = getattr(self.model, name, None)
+            if isinstance(param, torch.nn.Parameter):
+                param.requires_grad_(False)
+
+
+class Towers(torch.nn.Module):
+    """Both encoders behind one `forward`, so DDP sees every call (it only synchronises through forward)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """L2-normalised image and text features (None for a side that is not given)."""
+        image = self.model.encode_image(images, normalize=True) if images is not None else None
+        text = self.model.encode_text(tokens, normalize=True) if tokens is not None else None
+        return image, text
+
+
+class _DropExpectedWarnings(logging.Filter):
+    """open_clip warns that a cglib config is 'initialized partially' or randomly: that is the design here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ("initialized partially" in msg or "Model initialized randomly" in msg)
+
+
 def build_model(params: ModelParams, device: str | torch.device = "cpu") -> ClipModel:
     """Create the model named in params (pretrained tag or random init), load a checkpoint, freeze the text tower."""
     if params.name in CGLIB_CONFIGS:
@@ -117,7 +157,13 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
     if params.image_size is not None:
         kwargs["force_image_size"] = params.image_size
     _quiet_transformers()
-    model = open_clip.create_model(arch, pretrained=params.pretrained, device=device, **kwargs)
+    quiet = _DropExpectedWarnings()
+    if params.name in CGLIB_CONFIGS:
+        logging.getLogger().addFilter(quiet)
+    try:
+        model = open_clip.create_model(arch, pretrained=params.pretrained, device=device, **kwargs)
+    finally:
+        logging.getLogger().removeFilter(quiet)
     if params.checkpoint is not None:
         load_weights(model, params.checkpoint)
     cfg = open_clip.get_model_preprocess_cfg(model)
@@ -155,14 +201,18 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
         state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
         state = {k.removeprefix("module."): v for k, v in state.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches raise even with strict=False
+        raise ValueError(f"checkpoint {path} does not fit the model ({str(exc).splitlines()[-1].strip()}); "
+                         "check model.name matches the checkpoint's architecture") from None
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected "
                          f"{unexpected[:5]}; check model.name matches the checkpoint's architecture")
 
 
 def pixels_to_tensor(pixels: np.ndarray | torch.Tensor, bundle: ClipModel) -> torch.Tensor:
-    """uint8 (n, H, W, 3) images -> normalised float (n, 3, S, S) at the model's input size (bicubic resize)."""
+    """uint8 (n, H, W, 3) images -> normalised float (n, 3, S, S) at the model's input size, on the input's device."""
     x = torch.as_tensor(pixels)
     if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:
         raise ValueError(f"expected uint8 images of shape (n, H, W, 3), got {x.dtype} {tuple(x.shape)}")
@@ -170,8 +220,8 @@ def pixels_to_tensor(pixels: np.ndarray | torch.Tensor, bundle: ClipModel) -> to
     if x.shape[-1] != bundle.image_size or x.shape[-2] != bundle.image_size:
         x = F.interpolate(x, size=(bundle.image_size, bundle.image_size), mode="bicubic", align_corners=False,
                           antialias=True).clamp_(0, 1)
-    mean = torch.tensor(bundle.mean).view(1, 3, 1, 1)
-    std = torch.tensor(bundle.std).view(1, 3, 1, 1)
+    mean = torch.tensor(bundle.mean, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(bundle.std, device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
 
 

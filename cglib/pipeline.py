@@ -135,7 +135,7 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
                 str(notebook), str(output), kernel_name=kernel, cwd=str(notebook.parent),
                 parameters={"params_path": str(params_path.resolve()), "run_dir": str(run_dir.resolve())},
                 execution_timeout=params.run.cell_timeout_s, progress_bar=True, request_save_on_cell_execute=True)
-        except Exception as exc:  # papermill raises PapermillExecutionError, nbclient timeouts, DeadKernelError
+        except Exception as exc:  # noqa: BLE001 - PapermillExecutionError, nbclient timeouts, DeadKernelError
             summary = _failure_summary(exc)
             results.append(NotebookResult(notebook.name, "failed", time.perf_counter() - t0, str(output), summary))
             save("failed")

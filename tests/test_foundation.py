@@ -6,11 +6,11 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 import yaml
 
 from cglib.cli import main as cli_main
@@ -122,9 +122,10 @@ def test_cli_validate_missing_file_and_good_file(tmp_path, capsys):
 def test_cli_is_installed_as_a_command():
     """`cglib validate` works as a console script (the README's entry point)."""
     exe = Path(sys.executable).parent / "cglib"
-    result = subprocess.run([str(exe), "validate", str(REPO / "params/demo.yaml")], capture_output=True, text=True)
+    result = subprocess.run([str(exe), "validate", str(REPO / "params/demo.yaml")], capture_output=True, text=True,
+                            check=False)
     assert result.returncode == 0, result.stderr
-    bad = subprocess.run([str(exe), "validate", "/nonexistent.yaml"], capture_output=True, text=True)
+    bad = subprocess.run([str(exe), "validate", "/nonexistent.yaml"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2
 
 
@@ -241,13 +242,13 @@ def test_environment_yml_in_sync_with_pyproject():
 def test_readme_commands_are_what_ci_and_make_use():
     """The README opens with `make demo` and `make test`; .ci/run runs `make test`; the Makefile defines both."""
     readme = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", readme, flags=re.S)
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", readme, flags=re.DOTALL)
     assert blocks and blocks[0].strip().splitlines() == ["make demo", "make test"]
     ci = (REPO / ".ci/run").read_text()
-    assert re.search(r"^make test$", ci, flags=re.M)
+    assert re.search(r"^make test$", ci, flags=re.MULTILINE)
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^demo:.*\n\t.*cglib run params/demo.yaml", makefile, flags=re.M)
-    assert re.search(r"^test:.*\n\t.*pytest", makefile, flags=re.M)
+    assert re.search(r"^demo:.*\n\t.*cglib run params/demo.yaml", makefile, flags=re.MULTILINE)
+    assert re.search(r"^test:.*\n\t.*pytest", makefile, flags=re.MULTILINE)
 
 
 def test_committed_notebooks_are_clean_and_parameterised():

@@ -32,6 +32,9 @@ class Taxonomy:
     scenes: dict[str, SceneContent]  # l1 name -> content
 
     def __post_init__(self) -> None:
+        for l1, content in self.scenes.items():
+            if not content.settings or not content.objects:
+                raise ValueError(f"taxonomy: l1 concept '{l1}' needs at least one setting and one object")
         for l1 in self.scenes:
             chain = self.chain(l1)  # raises on a broken or cyclic chain
             if len(chain) != self.levels:

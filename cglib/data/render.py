@@ -1,0 +1,903 @@
+"""Drawing the synthetic world: object icons (shape + colour + pattern) pasted on setting backgrounds, in numpy.
+
+Every object named in the taxonomy has an `Icon`: one of ~50 silhouettes, a main colour, a pattern (stripes,
+dots, checks, ...) in a second colour, and a thin dark edge so it stays visible on any background. Icons are
+rasterised once per (object, size) with 4x4 supersampling and cached; a scene is then a cached background plus
+a few alpha-blended pastes, so thousands of 64x64 images render in well under a second per thousand.
+Every setting has a `Setting`: a top and a bottom colour split at a horizon, each with a texture (planks,
+tiles, waves, grass, stars, ...), and the preposition captions use for it ("on a tennis court").
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from matplotlib.path import Path as _MplPath
+
+SUPERSAMPLE = 4
+
+# ------------------------------------------------------------------------------------------- colours
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (215, 38, 38), "dark red": (130, 20, 30), "orange": (245, 135, 25), "yellow": (248, 214, 40),
+    "gold": (205, 165, 45), "beige": (222, 200, 160), "light green": (150, 225, 100), "green": (40, 160, 60),
+    "dark green": (25, 90, 45), "teal": (25, 155, 150), "light blue": (135, 195, 245), "blue": (40, 85, 215),
+    "navy": (25, 35, 105), "purple": (135, 55, 185), "pink": (245, 135, 185), "brown": (125, 75, 35),
+    "black": (28, 28, 28), "grey": (130, 130, 135), "silver": (195, 198, 205), "white": (248, 248, 248),
+}
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+# A shape maps normalised coordinates x, y in [-1, 1] (y points up) to a boolean mask.
+def _disk(x, y, cx, cy, r):
+    return (x - cx) ** 2 + (y - cy) ** 2 <= r * r
+
+
+def _ellipse(x, y, cx, cy, rx, ry):
+    return ((x - cx) / rx) ** 2 + ((y - cy) / ry) ** 2 <= 1.0
+
+
+def _box(x, y, x0, x1, y0, y1):
+    return (x >= x0) & (x <= x1) & (y >= y0) & (y <= y1)
+
+
+def _poly(x, y, points):
+    inside = _MplPath(points).contains_points(np.column_stack([x.ravel(), y.ravel()]))
+    return inside.reshape(x.shape)
+
+
+def _band(x, y, x0, y0, x1, y1, width):
+    """A thick line segment from (x0, y0) to (x1, y1)."""
+    dx, dy = x1 - x0, y1 - y0
+    t = np.clip(((x - x0) * dx + (y - y0) * dy) / (dx * dx + dy * dy), 0.0, 1.0)
+    return (x - (x0 + t * dx)) ** 2 + (y - (y0 + t * dy)) ** 2 <= width * width
+
+
+def _star_points(n, outer, inner, cy=0.0):
+    angles = np.pi / 2 + np.arange(2 * n) * np.pi / n
+    radii = np.where(np.arange(2 * n) % 2 == 0, outer, inner)
+    return np.column_stack([radii * np.cos(angles), cy + radii * np.sin(angles)])
+
+
+def _wheels(x, y):
+    return _disk(x, y, -0.55, -0.6, 0.28) | _disk(x, y, 0.55, -0.6, 0.28)
+
+
+SHAPES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "circle": lambda x, y: _disk(x, y, 0, 0, 0.9),
+    "ring": lambda x, y: _disk(x, y, 0, 0, 0.92) & ~_disk(x, y, 0, 0, 0.55),
+    "ellipse_tall": lambda x, y: _ellipse(x, y, 0, 0, 0.6, 0.95),
+    "ellipse_wide": lambda x, y: _ellipse(x, y, 0, 0, 0.95, 0.55),
+    "square": lambda x, y: _box(x, y, -0.8, 0.8, -0.8, 0.8),
+    "rect_tall": lambda x, y: _box(x, y, -0.5, 0.5, -0.95, 0.95),
+    "rect_wide": lambda x, y: _box(x, y, -0.95, 0.95, -0.55, 0.55),
+    "bar": lambda x, y: _box(x, y, -0.2, 0.2, -0.95, 0.95),
+    "stick": lambda x, y: _band(x, y, -0.8, -0.8, 0.8, 0.8, 0.18),
+    "triangle": lambda x, y: _poly(x, y, [(-0.92, -0.8), (0.92, -0.8), (0, 0.92)]),
+    "triangle_down": lambda x, y: _poly(x, y, [(-0.92, 0.8), (0.92, 0.8), (0, -0.92)]),
+    "diamond": lambda x, y: np.abs(x) + np.abs(y) <= 0.95,
+    "star": lambda x, y: _poly(x, y, _star_points(5, 0.98, 0.42, cy=-0.08)),
+    "plus": lambda x, y: _box(x, y, -0.3, 0.3, -0.92, 0.92) | _box(x, y, -0.92, 0.92, -0.3, 0.3),
+    "cross": lambda x, y: _band(x, y, -0.75, -0.75, 0.75, 0.75, 0.22) | _band(x, y, -0.75, 0.75, 0.75, -0.75, 0.22),
+    "hexagon": lambda x, y: _poly(x, y, [(0.92 * np.cos(a), 0.92 * np.sin(a)) for a in np.arange(6) * np.pi / 3]),
+    "heart": lambda x, y: ((1.25 * x) ** 2 + (1.25 * y - 0.15) ** 2 - 1) ** 3 - (1.25 * x) ** 2 * (1.25 * y - 0.15) ** 3
+    <= 0,
+    "crescent": lambda x, y: _disk(x, y, 0, 0, 0.9) & ~_disk(x, y, 0.42, 0.22, 0.72),
+    "dome": lambda x, y: _disk(x, y, 0, -0.5, 0.95) & (y >= -0.5),
+    "bowl": lambda x, y: (_disk(x, y, 0, 0.3, 0.92) & (y <= 0.3)) | _box(x, y, -0.3, 0.3, -0.85, -0.5),
+    "bucket": lambda x, y: _poly(x, y, [(-0.85, 0.75), (0.85, 0.75), (0.55, -0.9), (-0.55, -0.9)]),
+    "house": lambda x, y: _poly(x, y, [(-0.8, -0.92), (0.8, -0.92), (0.8, 0.15), (0, 0.92), (-0.8, 0.15)]),
+    "figure": lambda x, y: _disk(x, y, 0, 0.58, 0.32) | _poly(x, y, [(-0.6, -0.95), (0.6, -0.95), (0.3, 0.22),
+                                                                      (-0.3, 0.22)]),
+    "tree": lambda x, y: _poly(x, y, [(-0.8, -0.45), (0.8, -0.45), (0, 0.95)]) | _box(x, y, -0.15, 0.15, -0.95, -0.4),
+    "round_tree": lambda x, y: _disk(x, y, 0, 0.3, 0.65) | _box(x, y, -0.15, 0.15, -0.95, -0.2),
+    "flat_tree": lambda x, y: _ellipse(x, y, 0, 0.5, 0.95, 0.32) | _box(x, y, -0.12, 0.12, -0.95, 0.3),
+    "palm": lambda x, y: (_box(x, y, -0.12, 0.12, -0.95, 0.5) | _ellipse(x, y, -0.45, 0.6, 0.5, 0.16)
+                          | _ellipse(x, y, 0.45, 0.6, 0.5, 0.16) | _ellipse(x, y, 0, 0.75, 0.16, 0.25)),
+    "cup": lambda x, y: _box(x, y, -0.7, 0.35, -0.8, 0.6) | (_disk(x, y, 0.4, -0.1, 0.4) & ~_disk(x, y, 0.4, -0.1, 0.2)),
+    "bottle": lambda x, y: _box(x, y, -0.42, 0.42, -0.95, 0.25) | _box(x, y, -0.16, 0.16, 0.2, 0.95),
+    "glass": lambda x, y: (_poly(x, y, [(-0.6, 0.9), (0.6, 0.9), (0, 0.0)]) | _box(x, y, -0.08, 0.08, -0.8, 0.1)
+                           | _box(x, y, -0.45, 0.45, -0.95, -0.75)),
+    "flag": lambda x, y: _box(x, y, -0.85, -0.68, -0.95, 0.95) | _box(x, y, -0.7, 0.9, 0.15, 0.9),
+    "sign": lambda x, y: _box(x, y, -0.1, 0.1, -0.95, 0.3) | _box(x, y, -0.85, 0.85, 0.2, 0.9),
+    "wheel": lambda x, y: ((_disk(x, y, 0, 0, 0.92) & ~_disk(x, y, 0, 0, 0.72)) | (_disk(x, y, 0, 0, 0.75)
+                           & ((np.abs(x) < 0.09) | (np.abs(y) < 0.09) | (np.abs(x - y) < 0.12) | (np.abs(x + y) < 0.12)))),
+    "animal": lambda x, y: (_ellipse(x, y, -0.1, 0.05, 0.7, 0.38) | _disk(x, y, 0.68, 0.38, 0.27)
+                            | _box(x, y, -0.65, -0.45, -0.9, 0) | _box(x, y, 0.2, 0.4, -0.9, 0)),
+    "tall_animal": lambda x, y: (_ellipse(x, y, -0.25, -0.15, 0.55, 0.3) | _band(x, y, 0.1, -0.1, 0.5, 0.75, 0.13)
+                                 | _ellipse(x, y, 0.62, 0.78, 0.24, 0.15) | _box(x, y, -0.65, -0.5, -0.95, -0.2)
+                                 | _box(x, y, 0.0, 0.15, -0.95, -0.2)),
+    "big_animal": lambda x, y: (_ellipse(x, y, -0.15, 0.1, 0.72, 0.52) | _disk(x, y, 0.6, 0.25, 0.35)
+                                | _band(x, y, 0.85, 0.1, 0.85, -0.85, 0.1) | _box(x, y, -0.7, -0.4, -0.92, -0.1)
+                                | _box(x, y, 0.05, 0.35, -0.92, -0.1)),
+    "bird": lambda x, y: (_ellipse(x, y, -0.1, -0.1, 0.62, 0.4) | _disk(x, y, 0.5, 0.3, 0.27)
+                          | _poly(x, y, [(0.7, 0.38), (0.98, 0.25), (0.7, 0.15)])
+                          | _poly(x, y, [(-0.6, -0.05), (-0.98, 0.3), (-0.98, -0.35)])),
+    "fish": lambda x, y: _ellipse(x, y, 0.15, 0, 0.75, 0.45) | _poly(x, y, [(-0.5, 0), (-0.95, 0.5), (-0.95, -0.5)]),
+    "boat": lambda x, y: (_poly(x, y, [(-0.95, -0.25), (0.95, -0.25), (0.6, -0.85), (-0.6, -0.85)])
+                          | _poly(x, y, [(-0.05, -0.2), (-0.05, 0.95), (0.75, -0.2)])),
+    "ship": lambda x, y: (_poly(x, y, [(-0.95, -0.1), (0.95, -0.1), (0.7, -0.8), (-0.7, -0.8)])
+                          | _box(x, y, -0.5, 0.35, -0.15, 0.45) | _box(x, y, -0.3, -0.05, 0.4, 0.85)),
+    "vehicle": lambda x, y: _box(x, y, -0.95, 0.95, -0.45, 0.25) | _box(x, y, -0.5, 0.45, 0.2, 0.7) | _wheels(x, y),
+    "long_vehicle": lambda x, y: _box(x, y, -0.95, 0.95, -0.5, 0.75) | _wheels(x, y),
+    "truck": lambda x, y: _box(x, y, -0.95, 0.35, -0.45, 0.75) | _box(x, y, 0.4, 0.95, -0.45, 0.35) | _wheels(x, y),
+    "boot": lambda x, y: _box(x, y, -0.55, 0.1, -0.3, 0.95) | _ellipse(x, y, 0.1, -0.6, 0.85, 0.35),
+    "hat": lambda x, y: _ellipse(x, y, 0, -0.55, 0.95, 0.22) | _box(x, y, -0.5, 0.5, -0.6, 0.6),
+    "cone": lambda x, y: _poly(x, y, [(-0.55, -0.7), (0.55, -0.7), (0, 0.95)]) | _box(x, y, -0.9, 0.9, -0.95, -0.7),
+    "snowman": lambda x, y: _disk(x, y, 0, -0.4, 0.55) | _disk(x, y, 0, 0.45, 0.38),
+    "candle": lambda x, y: _box(x, y, -0.28, 0.28, -0.95, 0.35) | _ellipse(x, y, 0, 0.68, 0.16, 0.28),
+    "umbrella": lambda x, y: (_disk(x, y, 0, 0.0, 0.95) & (y >= 0.0)) | _box(x, y, -0.07, 0.07, -0.95, 0.1),
+    "burst": lambda x, y: _disk(x, y, 0, 0, 0.25) | (_disk(x, y, 0, 0, 0.95) & (
+        (np.abs(x) < 0.08) | (np.abs(y) < 0.08) | (np.abs(x - y) < 0.11) | (np.abs(x + y) < 0.11))),
+    "flower": lambda x, y: (_disk(x, y, 0, 0, 0.3) | _disk(x, y, 0, 0.55, 0.35) | _disk(x, y, 0.52, 0.17, 0.35)
+                            | _disk(x, y, -0.52, 0.17, 0.35) | _disk(x, y, 0.32, -0.45, 0.35)
+                            | _disk(x, y, -0.32, -0.45, 0.35)),
+    "racket": lambda x, y: _ellipse(x, y, 0, 0.35, 0.55, 0.6) | _box(x, y, -0.1, 0.1, -0.95, -0.2),
+    "crown": lambda x, y: _poly(x, y, [(-0.9, -0.7), (0.9, -0.7), (0.9, 0.75), (0.45, 0.1), (0, 0.8), (-0.45, 0.1),
+                                       (-0.9, 0.75)]),
+    "tent": lambda x, y: _poly(x, y, [(-0.95, -0.85), (0.95, -0.85), (0, 0.85)]) & ~_poly(
+        x, y, [(-0.25, -0.86), (0.25, -0.86), (0, -0.2)]),
+    "shirt": lambda x, y: _poly(x, y, [(-0.5, -0.9), (0.5, -0.9), (0.5, 0.35), (0.95, 0.15), (0.95, 0.55), (0.35, 0.85),
+                                       (-0.35, 0.85), (-0.95, 0.55), (-0.95, 0.15), (-0.5, 0.35)]),
+    "lamp": lambda x, y: (_poly(x, y, [(-0.35, 0.9), (0.35, 0.9), (0.7, 0.2), (-0.7, 0.2)])
+                          | _box(x, y, -0.07, 0.07, -0.8, 0.2) | _box(x, y, -0.45, 0.45, -0.95, -0.78)),
+    "mitten": lambda x, y: _ellipse(x, y, 0.1, 0.05, 0.55, 0.8) | _ellipse(x, y, -0.55, -0.1, 0.22, 0.4),
+    "screen": lambda x, y: _box(x, y, -0.95, 0.95, -0.35, 0.85) | _box(x, y, -0.1, 0.1, -0.8, -0.3)
+    | _box(x, y, -0.5, 0.5, -0.95, -0.78),
+    "bag": lambda x, y: _box(x, y, -0.85, 0.85, -0.9, 0.45) | (_box(x, y, -0.35, 0.35, 0.4, 0.85)
+                                                              & ~_box(x, y, -0.2, 0.2, 0.4, 0.7)),
+    "ladder": lambda x, y: _box(x, y, -0.65, -0.45, -0.95, 0.95) | _box(x, y, 0.45, 0.65, -0.95, 0.95)
+    | (_box(x, y, -0.5, 0.5, -0.95, 0.95) & (np.mod(y + 1.0, 0.45) < 0.14)),
+    "fence": lambda x, y: ((np.mod(x + 1.0, 0.5) < 0.22) & (y < 0.8) & (y > -0.95)) | _box(x, y, -0.95, 0.95, 0.2, 0.4)
+    | _box(x, y, -0.95, 0.95, -0.55, -0.35),
+    "tool": lambda x, y: _box(x, y, -0.08, 0.08, -0.95, 0.5) | _ellipse(x, y, 0, 0.6, 0.4, 0.35),
+    "hammer": lambda x, y: _box(x, y, -0.08, 0.08, -0.95, 0.6) | _poly(x, y, [(-0.9, 0.5), (0.9, 0.5), (0.6, 0.9),
+                                                                              (-0.6, 0.9)]),
+    "cylinder": lambda x, y: _box(x, y, -0.75, 0.75, -0.6, 0.6) | _ellipse(x, y, 0, 0.6, 0.75, 0.25)
+    | _ellipse(x, y, 0, -0.6, 0.75, 0.25),
+    "guitar": lambda x, y: _disk(x, y, 0, -0.45, 0.48) | _disk(x, y, 0, 0.05, 0.36) | _box(x, y, -0.08, 0.08, 0, 0.95),
+    "tower": lambda x, y: _poly(x, y, [(-0.5, -0.95), (0.5, -0.95), (0.25, 0.55), (-0.25, 0.55)])
+    | _box(x, y, -0.35, 0.35, 0.5, 0.95),
+    "crane": lambda x, y: _box(x, y, -0.6, -0.4, -0.95, 0.8) | _box(x, y, -0.9, 0.95, 0.65, 0.85)
+    | _box(x, y, 0.6, 0.68, 0.0, 0.7) | _box(x, y, 0.5, 0.78, -0.15, 0.05),
+    "airplane": lambda x, y: (_ellipse(x, y, 0, 0, 0.95, 0.2) | _poly(x, y, [(-0.2, 0), (0.25, 0), (-0.35, 0.85),
+                                                                            (-0.5, 0.85)])
+                              | _poly(x, y, [(-0.2, 0), (0.25, 0), (-0.35, -0.85), (-0.5, -0.85)])
+                              | _poly(x, y, [(-0.95, 0), (-0.7, 0), (-0.9, 0.5)])),
+    "crab": lambda x, y: (_ellipse(x, y, 0, -0.1, 0.6, 0.38) | _disk(x, y, -0.72, 0.45, 0.22) | _disk(x, y, 0.72, 0.45, 0.22)
+                          | _band(x, y, -0.4, 0, -0.7, 0.4, 0.08) | _band(x, y, 0.4, 0, 0.7, 0.4, 0.08)
+                          | _band(x, y, -0.4, -0.3, -0.9, -0.8, 0.07) | _band(x, y, 0.4, -0.3, 0.9, -0.8, 0.07)),
+    "turtle": lambda x, y: (_disk(x, y, 0, -0.35, 0.75) & (y >= -0.35)) | _disk(x, y, 0.8, -0.2, 0.2)
+    | _box(x, y, -0.6, -0.35, -0.7, -0.3) | _box(x, y, 0.3, 0.55, -0.7, -0.3),
+    "jellyfish": lambda x, y: (_disk(x, y, 0, 0.1, 0.8) & (y >= 0.1)) | (_box(x, y, -0.65, 0.65, -0.95, 0.1)
+                                                                         & (np.mod(x + 1.0, 0.4) < 0.12)),
+    "microphone": lambda x, y: _disk(x, y, 0, 0.55, 0.4) | _box(x, y, -0.12, 0.12, -0.95, 0.3),
+    "magnet": lambda x, y: (_disk(x, y, 0, -0.1, 0.85) & ~_disk(x, y, 0, -0.1, 0.42) & (y <= -0.1))
+    | _box(x, y, -0.85, -0.42, -0.1, 0.9) | _box(x, y, 0.42, 0.85, -0.1, 0.9),
+    "hourglass": lambda x, y: _poly(x, y, [(-0.8, 0.92), (0.8, 0.92), (0, 0)]) | _poly(x, y, [(-0.8, -0.92), (0.8, -0.92),
+                                                                                            (0, 0)]),
+    "pawn": lambda x, y: _disk(x, y, 0, 0.5, 0.3) | _poly(x, y, [(-0.6, -0.95), (0.6, -0.95), (0.15, 0.3), (-0.15, 0.3)]),
+    "mask": lambda x, y: _ellipse(x, y, 0, 0, 0.85, 0.7) & ~_ellipse(x, y, -0.35, 0.15, 0.2, 0.14)
+    & ~_ellipse(x, y, 0.35, 0.15, 0.2, 0.14),
+    "easel": lambda x, y: _band(x, y, 0, 0.9, -0.7, -0.95, 0.08) | _band(x, y, 0, 0.9, 0.7, -0.95, 0.08)
+    | _box(x, y, -0.6, 0.6, -0.2, 0.6),
+    "sword": lambda x, y: _box(x, y, -0.1, 0.1, -0.4, 0.95) | _box(x, y, -0.5, 0.5, -0.55, -0.4)
+    | _box(x, y, -0.08, 0.08, -0.95, -0.5),
+    "headphones": lambda x, y: (_disk(x, y, 0, 0, 0.85) & ~_disk(x, y, 0, 0, 0.65) & (y >= 0))
+    | _box(x, y, -0.95, -0.55, -0.55, 0.1) | _box(x, y, 0.55, 0.95, -0.55, 0.1),
+    "anchor": lambda x, y: (_box(x, y, -0.1, 0.1, -0.8, 0.6) | (_disk(x, y, 0, 0.75, 0.22) & ~_disk(x, y, 0, 0.75, 0.1))
+                            | _box(x, y, -0.45, 0.45, 0.3, 0.45)
+                            | (_disk(x, y, 0, -0.2, 0.8) & ~_disk(x, y, 0, -0.2, 0.6) & (y <= -0.2))),
+    "spectacles": lambda x, y: _disk(x, y, -0.5, 0, 0.42) | _disk(x, y, 0.5, 0, 0.42) | _box(x, y, -0.2, 0.2, 0.05, 0.2),
+    "crescent_wide": lambda x, y: _ellipse(x, y, 0, 0, 0.95, 0.6) & ~_ellipse(x, y, 0.25, 0.1, 0.5, 0.32),
+}
+
+# -------------------------------------------------------------------------------------------- patterns
+# A pattern marks the part of the icon drawn in the second colour (same coordinates as shapes).
+PATTERNS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "solid": lambda x, y: np.zeros_like(x, dtype=bool),
+    "hstripes": lambda x, y: np.mod(np.floor((y + 1.0) * 3.5), 2) == 1,
+    "vstripes": lambda x, y: np.mod(np.floor((x + 1.0) * 3.5), 2) == 1,
+    "dstripes": lambda x, y: np.mod(np.floor((x + y + 2.0) * 2.5), 2) == 1,
+    "dots": lambda x, y: (np.mod(x + 1.0, 0.6) - 0.3) ** 2 + (np.mod(y + 1.0, 0.6) - 0.3) ** 2 < 0.14 ** 2,
+    "checker": lambda x, y: np.mod(np.floor((x + 1.0) * 2.5) + np.floor((y + 1.0) * 2.5), 2) == 1,
+    "center": lambda x, y: x * x + y * y < 0.36 ** 2,
+    "tophalf": lambda x, y: y > 0.1,
+    "lefthalf": lambda x, y: x < 0.0,
+    "band": lambda x, y: np.abs(y) < 0.22,
+    "cross_p": lambda x, y: (np.abs(x) < 0.12) | (np.abs(y) < 0.12),
+}
+
+
+@dataclass(frozen=True)
+class Icon:
+    """How one object type is drawn: silhouette, main colour, pattern and its colour."""
+
+    shape: str
+    colour: str
+    pattern: str
+    secondary: str
+
+
+# name | shape | colour | pattern | pattern colour. Every (shape, colour, pattern, pattern colour) is unique.
+_OBJECT_TABLE = """
+acacia tree      | flat_tree    | green       | solid    | brown
+airplane         | airplane     | white       | band     | blue
+anchor           | anchor       | grey        | solid    | black
+apple            | circle       | red         | center   | green
+apple tree       | round_tree   | green       | dots     | red
+backpack         | bag          | orange      | band     | brown
+badminton racket | racket       | white       | checker  | navy
+balloon          | ellipse_tall | red         | solid    | white
+baseball         | circle       | white       | lefthalf | red
+baseball bat     | stick        | beige       | solid    | brown
+baseball glove   | mitten       | brown       | center   | beige
+basketball       | circle       | orange      | cross_p  | black
+beach umbrella   | umbrella     | red         | vstripes | white
+bench            | rect_wide    | brown       | hstripes | beige
+binoculars       | hourglass    | black       | solid    | grey
+bird             | bird         | blue        | solid    | yellow
+blackboard       | rect_wide    | dark green  | band     | white
+blanket          | square       | red         | checker  | white
+book             | rect_tall    | blue        | lefthalf | white
+bouquet          | flower       | pink        | center   | yellow
+brick            | rect_wide    | dark red    | solid    | beige
+broom            | tool         | beige       | vstripes | brown
+bucket           | bucket       | blue        | band     | white
+burger           | ellipse_wide | brown       | band     | green
+bus              | long_vehicle | yellow      | band     | black
+cake             | cylinder     | pink        | hstripes | white
+camera           | bag          | black       | center   | silver
+campfire         | triangle     | orange      | center   | yellow
+candle           | candle       | white       | tophalf  | yellow
+canvas           | rect_tall    | white       | center   | light blue
+car              | vehicle      | red         | solid    | black
+cargo ship       | ship         | navy        | band     | red
+carousel horse   | animal       | white       | band     | gold
+cello            | guitar       | dark red    | solid    | black
+cereal bowl      | bowl         | light blue  | dots     | yellow
+champagne glass  | glass        | gold        | solid    | white
+chess piece      | pawn         | black       | solid    | white
+child            | figure       | orange      | tophalf  | beige
+clock            | circle       | white       | center   | black
+clothes peg      | bar          | light green | band     | grey
+coffee cup       | cup          | white       | tophalf  | brown
+cookie           | circle       | beige       | dots     | brown
+coral            | burst        | pink        | solid    | orange
+cotton candy     | round_tree   | pink        | solid    | white
+cow              | animal       | white       | dots     | black
+crab             | crab         | red         | solid    | orange
+crane            | crane        | yellow      | solid    | black
+croissant        | crescent     | gold        | hstripes | brown
+crow             | bird         | black       | solid    | grey
+crown            | crown        | gold        | dots     | red
+curtain          | rect_tall    | dark red    | vstripes | red
+departure board  | rect_wide    | black       | hstripes | yellow
+dice             | square       | white       | dots     | black
+diploma          | rect_wide    | white       | band     | red
+dog              | animal       | brown       | solid    | black
+dove             | bird         | white       | solid    | grey
+drum             | cylinder     | red         | band     | white
+easel            | easel        | brown       | solid    | white
+egg              | ellipse_tall | white       | solid    | beige
+electric guitar  | guitar       | red         | center   | white
+elephant         | big_animal   | grey        | solid    | white
+fence            | fence        | white       | solid    | grey
+ferris wheel     | wheel        | purple      | solid    | white
+firework         | burst        | yellow      | center   | red
+fish             | fish         | orange      | vstripes | white
+fishing boat     | boat         | blue        | solid    | white
+flag             | flag         | red         | hstripes | white
+flask            | triangle     | light blue  | tophalf  | white
+flour bag        | rect_tall    | white       | center   | beige
+flower           | flower       | yellow      | center   | brown
+flower pot       | bucket       | brown       | solid    | dark red
+folding chair    | cross        | blue        | solid    | white
+fork             | bar          | silver      | tophalf  | grey
+fried egg        | circle       | white       | center   | yellow
+fries            | rect_tall    | yellow      | vstripes | red
+fruit crate      | square       | beige       | hstripes | brown
+game board       | square       | white       | checker  | black
+game controller  | crescent_wide| grey        | solid    | black
+gift box         | square       | purple      | cross_p  | yellow
+giraffe          | tall_animal  | yellow      | dots     | brown
+globe            | circle       | blue        | dots     | green
+goal net         | square       | white       | checker  | grey
+goggles          | spectacles   | light blue  | band     | black
+grill            | bowl         | black       | hstripes | grey
+handrail         | stick        | silver      | solid    | grey
+hard hat         | dome         | yellow      | band     | black
+hay bale         | cylinder     | gold        | hstripes | beige
+headphones       | headphones   | black       | solid    | red
+helmet           | dome         | navy        | center   | white
+hen              | bird         | beige       | solid    | red
+hiking boot      | boot         | brown       | band     | beige
+hockey stick     | stick        | black       | solid    | white
+hoop             | ring         | orange      | solid    | white
+ice skate        | boot         | black       | band     | silver
+jeep             | vehicle      | green       | solid    | beige
+jellyfish        | jellyfish    | pink        | solid    | white
+jersey           | shirt        | blue        | vstripes | white
+juice glass      | rect_tall    | orange      | tophalf  | white
+ketchup bottle   | bottle       | red         | band     | white
+knife            | sword        | grey        | solid    | black
+ladder           | ladder       | beige       | solid    | brown
+lamp             | lamp         | yellow      | solid    | brown
+lantern          | hexagon      | orange      | center   | yellow
+laptop           | screen       | silver      | center   | black
+laundry basket   | bucket       | white       | checker  | beige
+life jacket      | shirt        | orange      | band     | white
+lighthouse       | tower        | white       | hstripes | red
+loudspeaker      | rect_tall    | black       | center   | grey
+luggage cart     | vehicle      | silver      | hstripes | grey
+magnet           | magnet       | red         | solid    | silver
+map              | rect_wide    | beige       | checker  | light blue
+mask             | mask         | white       | lefthalf | black
+menu             | rect_tall    | dark red    | band     | gold
+microphone       | microphone   | silver      | solid    | black
+microscope       | lamp         | white       | solid    | black
+milk can         | bottle       | silver      | band     | blue
+mixing bowl      | bowl         | white       | solid    | light blue
+moon             | crescent     | yellow      | solid    | white
+mortarboard      | hat          | black       | band     | gold
+music stand      | sign         | black       | solid    | white
+nest             | bowl         | brown       | dstripes | beige
+net              | rect_wide    | white       | checker  | black
+newspaper        | rect_tall    | white       | hstripes | black
+notebook         | rect_tall    | light blue  | hstripes | white
+oven mitt        | mitten       | red         | dots     | white
+paintbrush       | tool         | brown       | tophalf  | red
+palette          | crescent_wide| beige       | dots     | red
+palm tree        | palm         | green       | solid    | brown
+party hat        | triangle     | purple      | dots     | yellow
+passport         | rect_tall    | navy        | center   | gold
+pencil           | stick        | yellow      | solid    | black
+pickaxe          | hammer       | grey        | tophalf  | brown
+pigeon           | bird         | grey        | solid    | purple
+pine tree        | tree         | dark green  | solid    | brown
+pitchfork        | tool         | grey        | vstripes | brown
+plate            | circle       | white       | solid    | grey
+playing card     | rect_tall    | white       | center   | red
+popcorn bowl     | bowl         | red         | vstripes | white
+ring             | ring         | gold        | solid    | white
+road barrier     | rect_wide    | red         | dstripes | white
+roast chicken    | ellipse_wide | brown       | center   | gold
+rolling pin      | rect_wide    | beige       | lefthalf | brown
+rooster          | bird         | red         | tophalf  | gold
+rope coil        | ring         | beige       | dstripes | brown
+rubber glove     | mitten       | yellow      | solid    | white
+sailboat         | boat         | white       | hstripes | blue
+sandcastle       | house        | beige       | dots     | brown
+sandwich         | triangle_down| beige       | band     | green
+sausage          | ellipse_wide | dark red    | solid    | brown
+scarecrow        | plus         | beige       | tophalf  | blue
+scarf            | rect_tall    | red         | hstripes | white
+scoreboard       | rect_wide    | black       | center   | yellow
+seagull          | bird         | white       | lefthalf | grey
+shirt            | shirt        | light blue  | solid    | white
+shovel           | tool         | silver      | solid    | brown
+shuttlecock      | cone         | white       | solid    | grey
+ski pole         | bar          | black       | band     | red
+skis             | stick        | red         | band     | white
+sneaker          | boot         | white       | band     | blue
+snowman          | snowman      | white       | center   | black
+soccer ball      | circle       | white       | checker  | black
+sock             | boot         | white       | hstripes | red
+soda can         | rect_tall    | red         | band     | silver
+soda cup         | bucket       | red         | tophalf  | white
+sparkler         | burst        | white       | solid    | yellow
+sponge           | rect_wide    | yellow      | dots     | green
+spoon            | racket       | silver      | solid    | grey
+spotlight        | lamp         | black       | solid    | yellow
+spray bottle     | bottle       | light blue  | tophalf  | white
+starfish         | star         | orange      | dots     | yellow
+streamer         | stick        | pink        | dstripes | light blue
+street sign      | sign         | green       | band     | white
+suitcase         | bag          | navy        | vstripes | grey
+sunglasses       | spectacles   | black       | solid    | grey
+surfboard        | ellipse_tall | light blue  | band     | white
+sword            | sword        | silver      | solid    | gold
+taxi             | vehicle      | yellow      | checker  | black
+television       | screen       | black       | center   | light blue
+tennis ball      | circle       | light green | solid    | white
+tennis racket    | racket       | red         | checker  | white
+tent             | tent         | green       | solid    | dark green
+test tube        | rect_tall    | white       | tophalf  | green
+ticket           | rect_wide    | pink        | lefthalf | white
+toast            | square       | gold        | center   | beige
+towel            | rect_tall    | teal        | hstripes | white
+tractor          | truck        | green       | solid    | yellow
+traffic cone     | cone         | orange      | band     | white
+traffic light    | rect_tall    | black       | vstripes | green
+train            | long_vehicle | blue        | hstripes | white
+tray             | rect_wide    | grey        | solid    | black
+trophy           | cup          | gold        | solid    | brown
+truck            | truck        | white       | solid    | red
+trumpet          | cone         | gold        | solid    | beige
+turtle           | turtle       | green       | checker  | dark green
+umbrella         | umbrella     | black       | solid    | grey
+vacuum cleaner   | bag          | purple      | solid    | black
+violin           | guitar       | brown       | solid    | black
+visor            | hat          | white       | solid    | green
+walking stick    | stick        | brown       | solid    | black
+washing machine  | square       | white       | center   | light blue
+whistle          | cup          | silver      | solid    | black
+water bottle     | bottle       | light blue  | band     | blue
+watering can     | cup          | green       | solid    | white
+wetsuit          | shirt        | black       | band     | blue
+wheat sheaf      | flat_tree    | gold        | vstripes | brown
+wheelbarrow      | bowl         | green       | band     | black
+whisk            | racket       | silver      | vstripes | grey
+wicker basket    | bucket       | beige       | dstripes | brown
+wine bottle      | bottle       | dark green  | band     | beige
+wine glass       | glass        | dark red    | tophalf  | white
+woolly hat       | dome         | red         | hstripes | white
+zebra            | animal       | white       | vstripes | black
+"""
+
+def _parse_objects(table: str) -> dict[str, Icon]:
+    icons: dict[str, Icon] = {}
+    for line in table.strip().splitlines():
+        name, shape, colour, pattern, secondary = (part.strip() for part in line.split("|"))
+        icons[name] = Icon(shape, colour, pattern, secondary)
+    return icons
+
+
+OBJECTS: dict[str, Icon] = _parse_objects(_OBJECT_TABLE)
+
+
+# -------------------------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class Setting:
+    """A background: top and bottom colours split at `horizon` (fraction of height), each with a texture."""
+
+    prep: str  # preposition captions use: "in", "on", "at", "under", "by"
+    article: str  # "a": either "a" or "the" in captions; "the": always "the" ("on the open sea")
+    top: tuple[int, int, int]
+    bottom: tuple[int, int, int]
+    horizon: float
+    top_texture: str
+    bottom_texture: str
+
+
+def _hex(code: str) -> tuple[int, int, int]:
+    code = code.lstrip("#")
+    return int(code[0:2], 16), int(code[2:4], 16), int(code[4:6], 16)
+
+
+# name | prep | article | top colour | bottom colour | horizon | top texture | bottom texture
+_SETTING_TABLE = """
+living room      | in    | a   | #e8d9b5 | #8b5a2b | 0.62 | plain    | planks
+backyard         | in    | a   | #b08a5a | #5aa845 | 0.45 | planks   | grass
+chapel           | in    | a   | #f0ead8 | #9b9b9b | 0.65 | arches   | tiles
+garden           | in    | a   | #a8dcf5 | #4f9d3a | 0.35 | plain    | flowers
+auditorium       | in    | an  | #7a1f2b | #4a3b2a | 0.5  | vstripes | rows
+city street      | on    | a   | #b9c7d6 | #6b6b6b | 0.5  | blocks   | dashes
+town square      | in    | a   | #aee0f7 | #c9b79c | 0.4  | plain    | tiles
+fairground       | at    | a   | #8fd0ff | #c8a46e | 0.4  | plain    | noise
+night sky        | under | a   | #0d1440 | #0d1440 | 1.0  | stars    | plain
+riverside        | by    | a   | #5b6fa8 | #2f6e8f | 0.45 | plain    | waves
+soccer field     | on    | a   | #8fcdf5 | #3d9b35 | 0.25 | plain    | mowing
+stadium          | in    | a   | #7d8793 | #3f8f3a | 0.45 | crowd    | plain
+gymnasium        | in    | a   | #d9c6a0 | #c89a5b | 0.5  | plain    | boards
+baseball field   | on    | a   | #9bd4f5 | #b07a4a | 0.35 | plain    | noise
+tennis court     | on    | a   | #a5d8f2 | #3a6fb0 | 0.3  | plain    | lines
+ski slope        | on    | a   | #7ec3f2 | #f4f7fb | 0.35 | plain    | slope
+snowy mountain   | on    | a   | #9fc9ef | #e6edf5 | 0.5  | peaks    | noise
+ice rink         | on    | an  | #cfd8e3 | #dff3fb | 0.35 | boards   | scratches
+frozen lake      | on    | a   | #b7cde3 | #bfe3f1 | 0.45 | peaks    | scratches
+beach            | on    | a   | #87cff5 | #ecd59a | 0.45 | plain    | speckle
+open sea         | on    | the | #8ccbf2 | #1f5fa8 | 0.35 | plain    | waves
+dock             | at    | a   | #2c6da3 | #8a6a47 | 0.45 | waves    | boards
+kitchen          | in    | a   | #f5f1e6 | #d8d8d8 | 0.6  | tiles    | checker
+dining room      | in    | a   | #c9a27e | #6b4226 | 0.6  | vstripes | planks
+restaurant       | in    | a   | #6e2f2f | #3b2a20 | 0.6  | plain    | checker
+cafe             | in    | a   | #d9b38c | #7a5230 | 0.55 | plain    | tiles
+office           | in    | an  | #dfe6ea | #8899a6 | 0.6  | windows  | noise
+food court       | in    | a   | #f2e2b8 | #b0b0b0 | 0.55 | plain    | tiles
+park             | in    | a   | #a6dbf7 | #6cbf4a | 0.4  | plain    | grass
+meadow           | in    | a   | #b5e2f9 | #8fcf55 | 0.3  | plain    | flowers
+railway platform | on    | a   | #a9b4bf | #8c8c8c | 0.45 | plain    | rails
+subway platform  | on    | a   | #e6e0c8 | #5c5c5c | 0.55 | tiles    | edge
+highway          | on    | a   | #a0cdef | #555555 | 0.4  | plain    | dashes
+terminal hall    | in    | a   | #cfe3f0 | #e2e2e2 | 0.55 | windows  | tiles
+runway           | on    | a   | #9ed0f5 | #6e6e6e | 0.5  | plain    | centerline
+savanna          | on    | the | #f5d08a | #d2b055 | 0.45 | plain    | grass
+forest           | in    | a   | #2e6b34 | #4a3a22 | 0.7  | trunks   | noise
+wetland          | in    | a   | #b8d9e8 | #6f8f4a | 0.45 | plain    | reeds
+aquarium         | in    | an  | #1b6fa6 | #1b6fa6 | 1.0  | bubbles  | plain
+lakeside         | by    | a   | #3c8a4c | #4f8fc0 | 0.4  | noise    | waves
+mountain trail   | on    | a   | #a6cff0 | #8a7a5a | 0.45 | peaks    | speckle
+pasture          | in    | a   | #b0dcf5 | #79c24a | 0.5  | plain    | noise
+barn             | in    | a   | #a8322d | #c9a55a | 0.55 | planks   | straw
+farmyard         | in    | a   | #a9d8f2 | #9a7b4f | 0.4  | plain    | speckle
+wheat field      | in    | a   | #a9d9f7 | #e0b84a | 0.35 | plain    | straw
+orchard          | in    | an  | #b3def7 | #5fae44 | 0.35 | plain    | rowsdots
+building site    | on    | a   | #b7d0e3 | #a0845c | 0.45 | scaffold | noise
+laundry room     | in    | a   | #d7ecf2 | #f0f0f0 | 0.6  | plain    | tiles
+bedroom          | in    | a   | #c9b6e4 | #8b6a4f | 0.6  | dots     | planks
+stage            | on    | a   | #1a1a1a | #6b3b1c | 0.65 | spot     | boards
+concert hall     | in    | a   | #5a2a1a | #7a1c1c | 0.55 | vstripes | rows
+classroom        | in    | a   | #f0e6c8 | #9c7a54 | 0.6  | plain    | planks
+laboratory       | in    | a   | #eef3f6 | #cfd6db | 0.6  | grid     | tiles
+art studio       | in    | an  | #f7f3ea | #b58e63 | 0.6  | spatter  | planks
+"""
+
+
+def _parse_settings(table: str) -> dict[str, Setting]:
+    settings: dict[str, Setting] = {}
+    for line in table.strip().splitlines():
+        name, prep, article, top, bottom, horizon, top_tex, bottom_tex = (p.strip() for p in line.split("|"))
+        settings[name] = Setting(prep, article, _hex(top), _hex(bottom), float(horizon), top_tex, bottom_tex)
+    return settings
+
+
+SETTINGS: dict[str, Setting] = _parse_settings(_SETTING_TABLE)
+
+
+# -------------------------------------------------------------------------------------------- textures
+# A texture paints over one region (float32 (h, w, 3), values 0-255) of a background, in place. `rng` is seeded
+# from the setting's name, so a setting always looks the same; `size` is the full image side.
+def _shade(region: np.ndarray, mask: np.ndarray, amount: float) -> None:
+    region[mask] = region[mask] * (1.0 + amount) if amount < 0 else region[mask] + (255.0 - region[mask]) * amount
+
+
+def _grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.mgrid[0:h, 0:w].astype(np.float32)
+
+
+def _tex_plain(region, rng, size):
+    pass
+
+
+def _tex_noise(region, rng, size):
+    region += rng.normal(0.0, 9.0, region.shape[:2])[..., None]
+
+
+def _tex_speckle(region, rng, size):
+    mask = rng.random(region.shape[:2]) < 0.12
+    _shade(region, mask, -0.25)
+
+
+def _tex_grass(region, rng, size):
+    h, w = region.shape[:2]
+    ticks = (rng.random((h, w)) < 0.18) & (np.arange(h)[:, None] % 2 == 0)
+    _shade(region, ticks | np.roll(ticks, 1, axis=0), -0.3)
+
+
+def _tex_planks(region, rng, size):
+    _, xx = _grid(*region.shape[:2])
+    _shade(region, np.mod(xx, max(3, size // 8)) == 0, -0.35)
+
+
+def _tex_boards(region, rng, size):
+    yy, _ = _grid(*region.shape[:2])
+    _shade(region, np.mod(yy, max(3, size // 10)) == 0, -0.3)
+
+
+def _tex_tiles(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    step = max(4, size // 8)
+    _shade(region, (np.mod(yy, step) == 0) | (np.mod(xx, step) == 0), -0.2)
+
+
+def _tex_checker(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    step = max(3, size // 10)
+    _shade(region, np.mod(yy // step + xx // step, 2) == 1, -0.25)
+
+
+def _tex_vstripes(region, rng, size):
+    _, xx = _grid(*region.shape[:2])
+    _shade(region, np.mod(xx // max(2, size // 16), 2) == 1, -0.2)
+
+
+def _tex_waves(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    crest = np.mod(yy + 1.5 * np.sin(xx * 12.0 / size * np.pi), max(4, size // 10)) < 1.0
+    _shade(region, crest, 0.35)
+
+
+def _tex_stars(region, rng, size):
+    _shade(region, rng.random(region.shape[:2]) < 0.025, 0.9)
+
+
+def _tex_bubbles(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    mask = np.zeros(region.shape[:2], dtype=bool)
+    for cy, cx in rng.random((10, 2)) * np.array(region.shape[:2]):
+        r = size / 40
+        ring = np.abs(np.hypot(yy - cy, xx - cx) - r) < 0.7
+        mask |= ring
+    _shade(region, mask, 0.5)
+    region[:] = region * (0.75 + 0.25 * (1 - yy / max(1, region.shape[0])))[..., None]
+
+
+def _tex_dashes(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    mid = region.shape[0] / 2
+    mask = (np.abs(yy - mid) < max(1, size / 40)) & (np.mod(xx, max(6, size // 5)) < max(3, size // 10))
+    region[mask] = (235, 225, 120)
+
+
+def _tex_centerline(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    mid = region.shape[0] / 2
+    mask = (np.abs(yy - mid) < max(1, size / 32)) & (np.mod(xx, max(8, size // 4)) < max(5, size // 7))
+    region[mask] = (250, 250, 250)
+
+
+def _tex_lines(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    mask = (np.abs(xx - w * 0.1) < 1) | (np.abs(xx - w * 0.9) < 1) | (np.abs(yy - h * 0.5) < 1) | (yy > h - 2)
+    region[mask] = (240, 240, 240)
+
+
+def _tex_mowing(region, rng, size):
+    _, xx = _grid(*region.shape[:2])
+    _shade(region, np.mod(xx // max(3, size // 8), 2) == 1, 0.15)
+
+
+def _tex_slope(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    _shade(region, np.mod(xx + yy, max(6, size // 5)) < 1, -0.08)
+
+
+def _tex_scratches(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    _shade(region, np.mod(xx - 2 * yy + rng.integers(0, 3, yy.shape), max(7, size // 4)) < 1, 0.5)
+
+
+def _tex_peaks(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    ridge = h * (0.35 + 0.4 * np.abs(np.mod(xx / (w / 2.5), 2.0) - 1.0))
+    _shade(region, yy > ridge, -0.3)
+    _shade(region, (yy > ridge) & (yy < ridge + h * 0.12), 0.7)
+
+
+def _tex_blocks(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    heights = rng.uniform(0.2, 0.8, 6) * h
+    tops = heights[np.minimum((xx / (w / 6)).astype(int), 5)]
+    building = yy > h - tops
+    region[building] = (120, 112, 110)
+    windows = building & (np.mod(yy, 4) < 2) & (np.mod(xx, 4) < 2)
+    region[windows] = (235, 220, 140)
+
+
+def _tex_windows(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    step = max(5, size // 6)
+    _shade(region, (np.mod(yy, step) > 1) & (np.mod(xx, step) > 1) & (yy < region.shape[0] - 2), 0.4)
+
+
+def _tex_grid(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    step = max(4, size // 6)
+    _shade(region, (np.mod(yy, step) == 0) | (np.mod(xx, step) == 0), -0.15)
+
+
+def _tex_arches(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    period = w / 3
+    local = np.mod(xx, period) - period / 2
+    arch = (np.abs(local) < period * 0.28) & (yy > h * 0.25) & ((yy - h * 0.45) ** 2 + local ** 2 < (period * 0.28) ** 2
+                                                               + (yy > h * 0.45) * 1e9)
+    region[arch] = (150, 190, 230)
+
+
+def _tex_trunks(region, rng, size):
+    h, w = region.shape[:2]
+    _, xx = _grid(h, w)
+    centres = rng.uniform(0, w, 7)
+    widths = rng.uniform(1.0, max(1.5, size / 30), 7)
+    trunk = np.zeros((h, w), dtype=bool)
+    for c, wd in zip(centres, widths):
+        trunk |= np.abs(xx - c) < wd
+    region[trunk] = (80, 55, 30)
+    _shade(region, rng.random((h, w)) < 0.15, 0.25)
+
+
+def _tex_crowd(region, rng, size):
+    h, w = region.shape[:2]
+    colours = np.array([COLOURS[c] for c in ("red", "white", "blue", "yellow", "black")], dtype=np.float32)
+    dots = rng.random((h, w)) < 0.35
+    region[dots] = colours[rng.integers(0, len(colours), int(dots.sum()))]
+
+
+def _tex_flowers(region, rng, size):
+    h, w = region.shape[:2]
+    colours = np.array([COLOURS[c] for c in ("pink", "yellow", "white", "purple")], dtype=np.float32)
+    dots = rng.random((h, w)) < 0.06
+    region[dots] = colours[rng.integers(0, len(colours), int(dots.sum()))]
+
+
+def _tex_rows(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    _shade(region, (np.mod(yy, 4) < 2) & (np.mod(xx, 3) < 2), -0.35)
+
+
+def _tex_rails(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    mask = (np.abs(yy - h * 0.55) < 0.8) | (np.abs(yy - h * 0.8) < 0.8)
+    sleepers = (yy > h * 0.5) & (yy < h * 0.85) & (np.mod(xx, max(4, size // 10)) < 1.5)
+    region[sleepers] = (95, 70, 50)
+    region[mask] = (60, 60, 65)
+
+
+def _tex_edge(region, rng, size):
+    yy, _ = _grid(*region.shape[:2])
+    region[yy < max(2, size / 20)] = (240, 205, 40)
+
+
+def _tex_reeds(region, rng, size):
+    h, w = region.shape[:2]
+    cols = rng.random(w) < 0.3
+    heights = rng.uniform(0.2, 0.7, w) * h
+    yy, _ = _grid(h, w)
+    reed = cols[None, :] & (yy < heights[None, :])
+    region[reed] = (95, 120, 50)
+    _shade(region, (yy > h * 0.6) & (np.mod(yy, 3) == 0), 0.2)
+
+
+def _tex_straw(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    _shade(region, np.mod(xx + rng.integers(0, 2, yy.shape), 3) == 0, -0.2)
+
+
+def _tex_rowsdots(region, rng, size):
+    yy, _ = _grid(*region.shape[:2])
+    _shade(region, np.mod(yy, max(4, size // 8)) < 1.5, -0.3)
+
+
+def _tex_scaffold(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    step = max(5, size // 6)
+    mask = ((np.mod(xx, step) < 1) | (np.mod(yy, step) < 1)) & (xx > w * 0.45) & (yy > h * 0.2)
+    region[mask] = (200, 120, 40)
+
+
+def _tex_dots(region, rng, size):
+    yy, xx = _grid(*region.shape[:2])
+    step = max(4, size // 8)
+    _shade(region, (np.mod(yy, step) < 1.5) & (np.mod(xx + (yy // step) % 2 * step / 2, step) < 1.5), 0.35)
+
+
+def _tex_spot(region, rng, size):
+    h, w = region.shape[:2]
+    yy, xx = _grid(h, w)
+    beam = np.abs(xx - w / 2) < (yy / max(1, h)) * w * 0.3 + 2
+    _shade(region, beam, 0.25)
+
+
+def _tex_spatter(region, rng, size):
+    h, w = region.shape[:2]
+    colours = np.array([COLOURS[c] for c in ("red", "blue", "yellow", "green")], dtype=np.float32)
+    dots = rng.random((h, w)) < 0.03
+    region[dots] = colours[rng.integers(0, len(colours), int(dots.sum()))]
+
+
+TEXTURES: dict[str, Callable[[np.ndarray, np.random.Generator, int], None]] = {
+    name.removeprefix("_tex_"): fn for name, fn in globals().items() if name.startswith("_tex_")
+}
+
+
+# -------------------------------------------------------------------------------------------- drawing
+def check_definitions() -> None:
+    """Raise ValueError when an icon or setting names an unknown shape, pattern, colour or texture."""
+    for name, icon in OBJECTS.items():
+        for kind, value, table in (("shape", icon.shape, SHAPES), ("pattern", icon.pattern, PATTERNS),
+                                   ("colour", icon.colour, COLOURS), ("colour", icon.secondary, COLOURS)):
+            if value not in table:
+                raise ValueError(f"object '{name}': unknown {kind} '{value}'; use one of {sorted(table)}")
+    for name, setting in SETTINGS.items():
+        for tex in (setting.top_texture, setting.bottom_texture):
+            if tex not in TEXTURES:
+                raise ValueError(f"setting '{name}': unknown texture '{tex}'; use one of {sorted(TEXTURES)}")
+
+
+@lru_cache(maxsize=64)
+def _supersampled_grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+    n = size * SUPERSAMPLE
+    coords = (np.arange(n, dtype=np.float32) + 0.5) / n * 2.0 - 1.0
+    x, y = np.meshgrid(coords, -coords)  # y points up
+    return x, y
+
+
+@lru_cache(maxsize=2048)
+def _shape_masks(shape: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Supersampled silhouette of `shape` and its interior without a rim of about one output pixel."""
+    x, y = _supersampled_grid(size)
+    mask = SHAPES[shape](x, y)
+    rim, n = SUPERSAMPLE, mask.shape[0]
+    padded = np.pad(mask, rim)
+    inner = mask.copy()
+    for dy, dx in ((rim, 0), (-rim, 0), (0, rim), (0, -rim)):
+        inner &= padded[rim + dy:rim + dy + n, rim + dx:rim + dx + n]
+    return mask, inner
+
+
+@lru_cache(maxsize=1024)
+def _pattern_mask(pattern: str, size: int) -> np.ndarray:
+    return PATTERNS[pattern](*_supersampled_grid(size))
+
+
+def _coverage(mask: np.ndarray, size: int) -> np.ndarray:
+    """Fraction of each output pixel's SUPERSAMPLE x SUPERSAMPLE block covered by `mask`."""
+    blocks = mask.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE)
+    return blocks.sum(axis=3, dtype=np.uint8).sum(axis=1, dtype=np.uint8) / np.float32(SUPERSAMPLE ** 2)
+
+
+@lru_cache(maxsize=4096)
+def icon_sprite(obj: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The object's icon at `size` px: premultiplied colour float32 (size, size, 3) and alpha float32 (size, size)."""
+    if obj not in OBJECTS:
+        raise KeyError(f"no icon for object '{obj}'; add it to cglib/data/render.py::_OBJECT_TABLE")
+    icon = OBJECTS[obj]
+    mask, inner = _shape_masks(icon.shape, size)
+    pattern = _pattern_mask(icon.pattern, size)
+    # Three colours: main, pattern, and a dark rim that keeps light icons visible on light backgrounds.
+    main, second = np.array(COLOURS[icon.colour], np.float32), np.array(COLOURS[icon.secondary], np.float32)
+    parts = [(inner & ~pattern, main), (inner & pattern, second), (mask & ~inner, main * 0.45)]
+    premult = np.zeros((size, size, 3), dtype=np.float32)
+    for part, colour in parts:
+        premult += _coverage(part, size)[..., None] * colour
+    alpha = _coverage(mask, size).astype(np.float32)
+    return premult, alpha
+
+
+@lru_cache(maxsize=512)
+def background(setting: str, size: int) -> np.ndarray:
+    """The setting's background at `size` px, uint8 (size, size, 3); the same for every image of the setting."""
+    if setting not in SETTINGS:
+        raise KeyError(f"no background for setting '{setting}'; add it to cglib/data/render.py::_SETTING_TABLE")
+    s = SETTINGS[setting]
+    rng = np.random.default_rng(zlib.crc32(setting.encode()))
+    img = np.empty((size, size, 3), dtype=np.float32)
+    split = round(s.horizon * size)
+    img[:split] = s.top
+    img[split:] = s.bottom
+    if split > 0:
+        TEXTURES[s.top_texture](img[:split], rng, size)
+    if split < size:
+        TEXTURES[s.bottom_texture](img[split:], rng, size)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One drawn object instance: top-left corner, side in pixels, mirrored or not, brightness factor."""
+
+    obj: str
+    x: int
+    y: int
+    size: int
+    flip: bool = False
+    shade: float = 1.0
+
+
+def render_scene(setting: str, placements: list[Placement] | tuple[Placement, ...], size: int,
+                 brightness: float = 0.0) -> np.ndarray:
+    """Draw `placements` in order over the setting's background; uint8 (size, size, 3)."""
+    img = background(setting, size).astype(np.float32)
+    if brightness:
+        img += brightness
+    for p in placements:
+        if p.x < 0 or p.y < 0 or p.x + p.size > size or p.y + p.size > size:
+            raise ValueError(f"placement of '{p.obj}' at ({p.x}, {p.y}) size {p.size} leaves the {size}px image")
+        colour, alpha = icon_sprite(p.obj, p.size)
+        if p.flip:
+            colour, alpha = colour[:, ::-1], alpha[:, ::-1]
+        region = img[p.y:p.y + p.size, p.x:p.x + p.size]
+        region *= 1.0 - alpha[..., None]
+        region += colour * p.shade
+    return np.clip(img, 0, 255).astype(np.uint8)

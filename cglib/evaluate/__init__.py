@@ -1,0 +1,8 @@
+"""Evaluation: the paper's forced choice (made sound), gallery retrieval, HierarCaps and COCO, with bootstrap CIs.
+
+Public entry points: `evaluate_run(run) -> EvalResults` (writes every result file) and `load_results(run_dir)`.
+"""
+
+from cglib.evaluate.pipeline import EvalResults, evaluate_run, load_results, load_scores
+
+__all__ = ["EvalResults", "evaluate_run", "load_results", "load_scores"]

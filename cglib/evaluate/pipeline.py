@@ -1,0 +1,500 @@
+"""`evaluate_run`: every model of a run on identical items, every benchmark, with CIs; writes all result files.
+
+Files under `<run>/evaluation/`:
+
+    results.json     protocol, models (with exposure flags), item counts and exclusions, per-seed values,
+                     every metric and paired difference, the automatic reading, provenance
+    metrics.csv      one row per model x benchmark x labels x direction x metric x level: value, CI, n, chance
+    differences.csv  paired differences between every two models on the same items, with paired CIs
+    table3.csv/.md   Table 3 regenerated (percent, 95% CIs)
+    scores.npz       the per-query scores behind every number (to recompute any interval or difference)
+    embeddings/      per-model embedding caches
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from cglib.data.dataset import CaptionDataset, load_ground_truth
+from cglib.evaluate import report
+from cglib.evaluate.bootstrap import Scores, intervals_and_differences
+from cglib.evaluate.embeddings import Embeddings, EmbeddingStore, file_fingerprints, pixel_fingerprint
+from cglib.evaluate.forced_choice import (
+    ForcedChoiceSet,
+    pooled_scores,
+    sample_forced_choice,
+    score_forced_choice,
+)
+from cglib.evaluate.gallery import MetricScores, gallery_scores
+from cglib.evaluate.hierarcaps import ROOT_TEXT, hierarchical_metric, in_batch_accuracy, level_retrieval
+from cglib.evaluate.items import CAPTIONS, MagicItems, build_items
+from cglib.evaluate.retrieval import set_faiss_threads
+from cglib.magic.schema import load_magic
+from cglib.models import ClipModel
+from cglib.run import RunContext, provenance, write_json
+
+logger = logging.getLogger(__name__)
+
+ZERO_SHOT = "zero-shot"
+RESULTS_FILE = "results.json"
+METRICS_FILE = "metrics.csv"
+DIFFERENCES_FILE = "differences.csv"
+SCORES_FILE = "scores.npz"
+Key = tuple[str, str, str, str, str]  # benchmark, labels, direction, metric, level
+
+PROTOCOL = {
+    "forced_choice": (
+        "Each test image with one of its texts of a type is put against M-1 negatives (eval.choices = M), each "
+        "from a different hard-negative group of its l1 group and bringing its own image and its own text of the "
+        "same type; a negative may not carry the anchor's text, nor may its text be one of the anchor's; ties "
+        "count as wrong; negatives are drawn at random without replacement, per seed. Text->image: the text must "
+        "score its own image strictly highest; image->text likewise. Chance = 1/M. Items that cannot get M-1 "
+        "valid negatives are counted in results.json (items.forced_choice_excluded). The authors' code instead "
+        "resolves ties in the anchor's favour, samples negatives with replacement, always takes the first item of "
+        "the negative concept, and allows negatives whose ancestor string at l2-l4 equals the anchor's."),
+    "gallery": (
+        "Every distinct string of a type queries all test images (text->image) and every test image queries all "
+        "distinct strings (image->text); an item is relevant when it carries the query's string (any image "
+        "under a concept for concept names). R@k, and for group-level texts precision@k and mAP. Ties rank "
+        "against the model."),
+    "coco": "Original captions of the test images: caption->image and image->caption R@k over the test split.",
+    "hierarcaps": (
+        "Per level, each of the n items' texts queries all n images; a hit is an image with the same text at "
+        "that level (strings repeat at levels 1-2). In-batch: each item against B-1 random other items "
+        "(eval.hierarcaps_batch), R@1, resampled per seed. Hierarchy: the HierarCaps authors' precision, recall "
+        "(root = empty string, eval.hierarcaps_radii radii) and Kendall tau-b of root distance vs level."),
+    "uncertainty": (
+        "95% (eval.ci) percentile bootstrap over test items with eval.bootstrap resamples; queries of one unit "
+        "(an image's captions, one image under several seeds, a group's generalized captions) are resampled "
+        "together; with eval.bootstrap_unit = group, whole l1 groups are (intervals that also cover which "
+        "concepts happened to be in the test set). With several seeds the reported value is the mean over seeds (= mean over pooled "
+        "(seed, item) queries) and the CI comes from resampling images with their pooled queries. Differences "
+        "between models use the same resamples for both (paired)."),
+}
+
+
+@dataclass
+class EvalResults:
+    """Saved evaluation results: tidy metrics, paired differences, Table 3, and the rest of results.json."""
+
+    metrics: pd.DataFrame
+    differences: pd.DataFrame
+    table3: pd.DataFrame
+    info: dict
+    directory: Path
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def models(self) -> list[str]:
+        return [m["name"] for m in self.info["models"]]
+
+    def comparisons(self) -> list[tuple[str, str]]:
+        """Default comparisons: each trained model vs the zero-shot model and each group loss vs the CLIP loss."""
+        models = self.info["models"]
+        clip = [m["name"] for m in models if m.get("loss") == "clip"]
+        pairs = [(m["name"], ZERO_SHOT) for m in models if m["name"] != ZERO_SHOT]
+        pairs += [(m["name"], c) for m in models for c in clip if m.get("loss") not in (None, "clip")]
+        return pairs
+
+    def reading(self, **selection: str) -> list[str]:
+        """The automatic reading of one metric (default: forced choice, text->image, DAG labels, accuracy)."""
+        return report.read_results(self.metrics, self.differences, self.comparisons(), **selection)
+
+    def table(self, benchmark: str, labels: str, direction: str, metric: str) -> pd.DataFrame:
+        """Models x levels of one metric, 'value [low, high]'."""
+        return report.metric_table(self.metrics, benchmark, labels, direction, metric)
+
+    def notes(self) -> list[str]:
+        """How each Table 3 column was computed, the items, the exposures (as in table3.md)."""
+        return report.table3_notes(self.info)
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def _default_loader(run: RunContext) -> Callable[[str], ClipModel]:
+    from cglib.train import load_trained
+
+    device = run.device()
+    return lambda name: load_trained(run.params, run.dir, name, device=device)
+
+
+def _model_info(run: RunContext) -> list[dict]:
+    """The zero-shot model and every trained run, with what their training saw."""
+    infos = [{"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False}]
+    for r in run.params.train.runs:
+        summary_path = run.require(f"training/{r.name}/summary.json", "05_training")
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        infos.append({"name": r.name, "loss": r.loss, "pretrain": r.pretrain,
+                      "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False))})
+    return infos
+
+
+def _test_pixels(run: RunContext, magic, dataset: CaptionDataset, image_size: Callable[[], int], progress: bool
+                 ) -> tuple[Callable[[], np.ndarray], str, set[str], Counter]:
+    """Pixels of the test images (lazy), their content fingerprint, the readable ids and skip reasons.
+
+    In-memory datasets (the synthetic world) are used as they are; image files come from the run's image cache
+    at the model's input size (the one training built, reused).
+    """
+    ids = magic.split_ids("test")
+    skipped: Counter = Counter()
+    row_of = {image_id: r for r, image_id in enumerate(dataset.image_ids)}
+    missing = [i for i in ids if i not in row_of]
+    if missing:
+        skipped["not in the captions dataset"] += len(missing)
+    present = [i for i in ids if i in row_of]
+    if dataset.pixels is not None:
+        pixels = dataset.pixels[[row_of[i] for i in present]]
+        return (lambda: pixels), pixel_fingerprint(pixels=pixels), set(present), skipped
+    from cglib.train import magic_image_cache
+
+    cache = magic_image_cache(run, magic, dataset, image_size(), progress)
+    readable = [i for i in present if i in cache]
+    for i in present:
+        if i not in cache:
+            skipped[cache.skipped_ids.get(i, "not in the image cache")] += 1
+    fingerprint = pixel_fingerprint(files=[dataset.image_files[i] for i in readable])
+    return (lambda: cache.get(readable)), fingerprint, set(readable), skipped
+
+
+# ------------------------------------------------------------------------------------------ scoring
+def _score_magic(items: MagicItems, emb: Embeddings, fc_sets: dict[str, list[ForcedChoiceSet]],
+                 ks: list[int], coco: bool = True, unit: str = "image"
+                 ) -> tuple[dict[Key, MetricScores], dict[Key, list[float]]]:
+    """Every MAGIC-split score of one model, keyed by (benchmark, labels, direction, metric, level).
+
+    `unit`: what the bootstrap resamples for image-level queries, the test image or its l1 group.
+    """
+    rows = np.array([emb.image_index[i] for i in items.image_ids])
+    images = emb.images[rows]
+    out: dict[Key, MetricScores] = {}
+    per_seed: dict[Key, list[float]] = {}
+    group_ids = np.unique(np.asarray(items.groups), return_inverse=True)[1]
+    image_units = group_ids if unit == "group" else np.arange(len(items.image_ids))
+    for f in items.fields:
+        sets = fc_sets[f.name]
+        t2i, i2t = zip(*(score_forced_choice(s, images, emb.text_vectors, emb.text_index) for s in sets))
+        chance = 1.0 / sets[0].choices
+        for direction, correct in (("t2i", t2i), ("i2t", i2t)):
+            key = ("forced_choice", f.labels, direction, "accuracy", f.key)
+            out[key] = MetricScores(pooled_scores(sets, list(correct), image_units), chance)
+            per_seed[key] = [float(c.mean()) if c.size else float("nan") for c in correct]
+        if f.key == "caption" and not coco:
+            continue
+        benchmark, labels = ("coco", CAPTIONS) if f.key == "caption" else ("gallery", f.labels)
+        for (direction, metric), ms in gallery_scores(f, images, emb.text_vectors, emb.text_index, ks,
+                                                      group_ids, image_units).items():
+            out[(benchmark, labels, direction, metric, f.key)] = ms
+    return out, per_seed
+
+
+def _score_hierarcaps(hc_items: list, emb: Embeddings, params) -> tuple[dict[Key, MetricScores], dict]:
+    """Every HierarCaps score of one model, and the hierarchy metric's exclusions."""
+    p = params.eval
+    rows = np.array([emb.image_index[item.image_id] for item in hc_items])
+    images = emb.images[rows]
+    out: dict[Key, MetricScores] = {}
+    for level in range(1, len(hc_items[0].levels) + 1):
+        texts = [item.levels[level - 1] for item in hc_items]
+        for (direction, metric), ms in level_retrieval(texts, images, emb.text_vectors, emb.text_index,
+                                                       p.recall_at).items():
+            out[("hierarcaps", "hierarcaps", direction, metric, f"l{level}")] = ms
+        for (direction, metric), ms in in_batch_accuracy(texts, images, emb.text_vectors, emb.text_index,
+                                                         p.hierarcaps_batch, p.seeds).items():
+            out[("hierarcaps_batch", "hierarcaps", direction, metric, f"l{level}")] = ms
+    root = emb.text([ROOT_TEXT])[0]
+    h = hierarchical_metric(hc_items, images, emb.text_vectors, emb.text_index, root, radii=p.hierarcaps_radii)
+    nan = float("nan")
+    out[("hierarcaps_hierarchy", "hierarcaps", "i2t", "precision", "all")] = MetricScores(h.precision, nan)
+    out[("hierarcaps_hierarchy", "hierarcaps", "i2t", "recall", "all")] = MetricScores(h.recall, nan)
+    out[("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")] = MetricScores(h.kendall_tau, 0.0)
+    return out, {"kendall_tau_undefined": h.n_tau_undefined}
+
+
+# ------------------------------------------------------------------------------------------- summary
+def summarize(scores: dict[Key, dict[str, MetricScores]], models: list[dict], resamples: int, ci: float,
+              seed: int, excluded: dict[Key, int | dict[str, int]], exposure: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Bootstrap every key's scores for all models at once; tidy metrics and paired differences."""
+    names = [m["name"] for m in models]
+    exposed = {m["name"]: m["exposed_to_eval_strings"] for m in models}
+    pairs = [(names[j], names[i]) for i in range(len(names)) for j in range(i + 1, len(names))]
+    metric_rows, diff_rows = [], []
+    for key, by_model in scores.items():
+        benchmark, labels, direction, metric, level = key
+        present = [n for n in names if n in by_model]
+        intervals, diffs = _intervals(key, {n: by_model[n].scores for n in present},
+                                      [(a, b) for a, b in pairs if a in by_model and b in by_model],
+                                      resamples, ci, seed)
+        for n in present:
+            iv = intervals[n]
+            n_excluded = excluded.get(key, 0)
+            n_excluded = n_excluded.get(n, 0) if isinstance(n_excluded, dict) else n_excluded
+            metric_rows.append({
+                "model": n, "benchmark": benchmark, "labels": labels, "direction": direction, "metric": metric,
+                "level": level, "value": iv.value, "ci_low": iv.low, "ci_high": iv.high, "n": iv.n_units,
+                "n_queries": iv.n_queries, "n_excluded": n_excluded, "chance": by_model[n].chance,
+                "exposed_to_eval_strings": exposed[n], "exposure": _exposure_note(n, benchmark, exposure)})
+        for (a, b), iv in diffs.items():
+            diff_rows.append({"model_a": a, "model_b": b, "benchmark": benchmark, "labels": labels,
+                              "direction": direction, "metric": metric, "level": level, "difference": iv.value,
+                              "ci_low": iv.low, "ci_high": iv.high, "n": iv.n_units, "significant": iv.significant})
+    return (pd.DataFrame(metric_rows, columns=report.METRIC_COLUMNS),
+            pd.DataFrame(diff_rows, columns=report.DIFF_COLUMNS))
+
+
+def _intervals(key: Key, scores: dict[str, Scores], pairs: list[tuple[str, str]], resamples: int, ci: float,
+               seed: int) -> tuple[dict, dict]:
+    """Intervals and paired differences; when models kept different items (Kendall tau: chains whose distances
+    all tie are undefined, and that depends on the model) each model gets its own interval and differences use
+    the items all models share (one query per item there)."""
+    stream = ""  # one set of resamples per number of units, shared by every metric (see resample_weights)
+    units = [s.units for s in scores.values()]
+    if all(u.shape == units[0].shape and np.array_equal(u, units[0]) for u in units):
+        return intervals_and_differences(scores, pairs, resamples, ci, seed, stream)
+    if any(np.unique(s.units).size != s.units.size for s in scores.values()):
+        raise ValueError(f"{key}: models were scored on different items; score every model on the same items")
+    intervals = {n: intervals_and_differences({n: s}, [], resamples, ci, seed, stream)[0][n]
+                 for n, s in scores.items()}
+    common = np.array(sorted(set.intersection(*(set(s.units.tolist()) for s in scores.values()))), dtype=np.int64)
+    shared = {n: Scores(_at_units(s, common), common) for n, s in scores.items()}
+    return intervals, intervals_and_differences(shared, pairs, resamples, ci, seed, stream)[1]
+
+
+def _at_units(scores: Scores, units: np.ndarray) -> np.ndarray:
+    """Values of the queries of `units` (one query per unit), in the order of `units`."""
+    position = {int(u): i for i, u in enumerate(scores.units)}
+    return scores.values[[position[int(u)] for u in units]]
+
+
+def _exposure_note(model: str, benchmark: str, exposure: dict[str, str]) -> str:
+    notes = [exposure.get(f"{model}|*", "")]
+    if benchmark.startswith("hierarcaps"):
+        notes.append(exposure.get(f"{model}|hierarcaps", ""))
+    return "; ".join(n for n in notes if n)
+
+
+# -------------------------------------------------------------------------------------------- entry
+def model_fingerprints(run: RunContext, name: str) -> tuple[str, str] | None:
+    """Tower hashes from the weights file training wrote (no model build on a cache hit), None when absent.
+
+    The architecture and preprocessing part of the key is `params.model` (what `load_trained` builds from).
+    """
+    from cglib.train.loop import INITIAL
+
+    path = run.dir / "training" / (INITIAL if name == ZERO_SHOT else f"{name}/final.safetensors")
+    if not path.is_file():
+        return None
+    arch = run.params.model.model_dump(mode="json", exclude={"pretrained", "checkpoint"})
+    return file_fingerprints(path, "model:" + json.dumps(arch, sort_keys=True))
+
+
+class _LazyModel:
+    """Loads a model on first call (both item sets share it) and releases it before the next model."""
+
+    def __init__(self, load: Callable[[str], ClipModel], name: str, device: str) -> None:
+        self.load, self.name, self.device = load, name, device
+        self.bundle: ClipModel | None = None
+
+    def __call__(self) -> ClipModel:
+        if self.bundle is None:
+            self.bundle = self.load(self.name)
+            self.bundle.model.to(self.device)
+        return self.bundle
+
+    def image_size(self) -> int:
+        """The model's input size (loads the model)."""
+        return self().image_size
+
+    def release(self) -> None:
+        self.bundle = None
+
+
+def evaluate_run(run: RunContext, progress: bool = True,
+                 loader: Callable[[str], ClipModel] | None = None) -> EvalResults:
+    """Evaluate the zero-shot model and every trained run on identical items; write and return all results.
+
+    `loader(name) -> ClipModel` loads a model by name (default: `cglib.train.load_trained`).
+    """
+    start = time.perf_counter()
+    params = run.params
+    p = params.eval
+    set_faiss_threads(params.run.threads)
+    out_dir = run.stage("evaluation")
+    magic = load_magic(run.require("magic/magic.json", "03_magic_dag"))
+    dataset = CaptionDataset.load(run.require("captions/dataset.json", "01_captions").parent)
+    ground_truth = load_ground_truth(run.dir / "captions")
+    models = _model_info(run)
+    load = loader or _default_loader(run)
+    device = run.device()
+    lazy = {m["name"]: _LazyModel(load, m["name"], device) for m in models}
+    image_size = lazy[ZERO_SHOT].image_size
+    pixels_fn, image_source, readable, skipped = _test_pixels(run, magic, dataset, image_size, progress)
+    items = build_items(magic, readable, ground_truth, include_fallback=p.fallback_negatives)
+    skipped.update(items.skipped)
+
+    # Forced-choice items: sampled once per seed, shared by every model.
+    fc_sets = {f.name: [sample_forced_choice(items, f, p.choices, seed, p.negative_source) for seed in p.seeds]
+               for f in items.fields}
+    excluded: dict[Key, int | dict[str, int]] = {}
+    for f in items.fields:
+        n_out = sum(sum(s.excluded.values()) for s in fc_sets[f.name])  # (seed, item) queries left out
+        for direction in ("t2i", "i2t"):
+            excluded[("forced_choice", f.labels, direction, "accuracy", f.key)] = n_out
+
+    hc = _load_hierarcaps(run, magic, image_size, progress) if p.hierarcaps else None
+    exposure = {f"{m['name']}|*": "trained with the l1-l4 concept names (textual pretraining)"
+                for m in models if m["exposed_to_eval_strings"]}
+    if hc is not None and hc["overlap"]["train"]:
+        for m in models[1:]:
+            exposure[f"{m['name']}|hierarcaps"] = (f"trained on {hc['overlap']['train']} of the {len(hc['items'])} "
+                                                   "HierarCaps images (in this run's MAGIC train split)")
+    store = EmbeddingStore(out_dir / "embeddings", batch_size=p.batch_size)
+    scores: dict[Key, dict[str, MetricScores]] = {}
+    per_seed: dict[str, dict[str, list[float]]] = {}
+    hc_info: dict[str, dict] = {}
+    for info in tqdm(models, desc="evaluate models", disable=not progress):
+        name = info["name"]
+        bundle = lazy[name]
+        fingerprints = model_fingerprints(run, name) if loader is None else None
+        emb = store.embed(name, "magic", bundle, items.image_ids, image_source, pixels_fn, items.all_texts(),
+                          fingerprints)
+        model_scores, seeds_values = _score_magic(items, emb, fc_sets, p.recall_at, p.coco_retrieval,
+                                                  p.bootstrap_unit)
+        if hc is not None:
+            emb_hc = store.embed(name, "hierarcaps", bundle, hc["ids"], hc["source"], hc["pixels"], hc["texts"],
+                                 fingerprints)
+            hc_scores, hc_info[name] = _score_hierarcaps(hc["items"], emb_hc, params)
+            model_scores.update(hc_scores)
+        for key, ms in model_scores.items():
+            scores.setdefault(key, {})[name] = ms
+        for key, values in seeds_values.items():
+            per_seed.setdefault("|".join(key), {})[name] = values
+        bundle.release()
+    if hc is not None:
+        tau_key = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
+        excluded[tau_key] = {name: v["kendall_tau_undefined"] for name, v in hc_info.items()}
+
+    metrics, differences = summarize(scores, models, p.bootstrap, p.ci, params.run.seed, excluded, exposure)
+    table = report.table3(metrics)
+    info = {
+        "protocol": PROTOCOL,
+        "settings": {"choices": p.choices, "seeds": p.seeds, "bootstrap": p.bootstrap, "ci": p.ci,
+                     "recall_at": p.recall_at, "hierarcaps_batch": p.hierarcaps_batch,
+                     "hierarcaps_radii": p.hierarcaps_radii, "fallback_negatives": p.fallback_negatives,
+                     "negative_source": p.negative_source, "bootstrap_unit": p.bootstrap_unit},
+        "models": models,
+        "items": {
+            "n_test_images": len(items.image_ids), "n_groups": len(set(items.groups)),
+            "skipped_images": dict(skipped), "ground_truth": items.has_ground_truth,
+            "without_text": {f.name: f.n_without_text() for f in items.fields},
+            "forced_choice_excluded": {name: {str(s.seed): dict(s.excluded) for s in sets}
+                                       for name, sets in fc_sets.items()},
+            "forced_choice_items": {name: sets[0].anchors.size for name, sets in fc_sets.items()},
+        },
+        "hierarcaps": None if hc is None else {
+            "n_items": len(hc["items"]), "skipped": hc["skipped"], "overlap_with_run_images": hc["overlap"],
+            "per_model": hc_info},
+        "per_seed": per_seed,
+        "embeddings_computed": store.computed,
+    }
+    info["reading"] = report.read_results(metrics, differences, EvalResults(
+        metrics, differences, table, info, out_dir).comparisons())
+    info["seconds"] = round(time.perf_counter() - start, 2)
+    paths = _write(out_dir, run, metrics, differences, table, info, scores)
+    return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=out_dir,
+                       paths=paths)
+
+
+def _load_hierarcaps(run: RunContext, magic, image_size: Callable[[], int], progress: bool) -> dict:
+    """HierarCaps items, lazy pixels (image cache), their fingerprint, texts (+ the root's empty string)."""
+    from cglib.data.hierarcaps import load_hierarcaps
+    from cglib.data.image_cache import build_image_cache
+
+    d = run.params.data
+    if d.hierarcaps_csv is None or d.hierarcaps_images is None:
+        raise ValueError("eval.hierarcaps is true but data.hierarcaps_csv / data.hierarcaps_images are not set; "
+                         "set both (see params/hierarcaps.yaml) or set eval.hierarcaps: false")
+    hc = load_hierarcaps(d.hierarcaps_csv, d.hierarcaps_images)
+    if not hc.items:
+        raise ValueError(f"no usable HierarCaps item in {d.hierarcaps_csv} (skipped: {dict(hc.skipped)})")
+    dataset = CaptionDataset(source="hierarcaps", image_ids=[i.image_id for i in hc.items],
+                             captions={i.image_id: [i.levels[-1]] for i in hc.items},
+                             image_files={i.image_id: i.image_file for i in hc.items})
+    cache = build_image_cache(dataset, image_size(), run.dir / "cache" / "images", progress=progress)
+    skipped = Counter(hc.skipped)
+    skipped.update(cache.skipped)
+    items = [i for i in hc.items if i.image_id in cache]
+    ids = [i.image_id for i in items]
+    # The same COCO photo may be in the run's own data (keyed by COCO id or by file stem).
+    def in_run(item, split: str | None) -> bool:
+        for key in (item.image_id, str(item.coco_id)):
+            record = magic.images.get(key)
+            if record is not None and (split is None or record.split == split):
+                return True
+        return False
+
+    overlap = {"any": sum(in_run(i, None) for i in items), "train": sum(in_run(i, "train") for i in items)}
+    texts = sorted({t for i in items for t in i.levels} | {ROOT_TEXT})
+    return {"items": items, "ids": ids, "pixels": lambda: cache.get(ids), "texts": texts,
+            "source": pixel_fingerprint(files=[i.image_file for i in items]), "skipped": dict(skipped),
+            "overlap": overlap}
+
+
+def _write(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differences: pd.DataFrame, table: pd.DataFrame,
+           info: dict, scores: dict[Key, dict[str, MetricScores]]) -> dict[str, Path]:
+    paths = {"metrics": out_dir / METRICS_FILE, "differences": out_dir / DIFFERENCES_FILE,
+             "table3_csv": out_dir / "table3.csv", "table3_md": out_dir / "table3.md",
+             "scores": out_dir / SCORES_FILE, "results": out_dir / RESULTS_FILE}
+    metrics.to_csv(paths["metrics"], index=False)
+    differences.to_csv(paths["differences"], index=False)
+    table.to_csv(paths["table3_csv"])
+    paths["table3_md"].write_text(report.table3_markdown(table, report.table3_notes(info)), encoding="utf-8")
+    arrays = {}
+    for key, by_model in scores.items():
+        for model, ms in by_model.items():
+            arrays[f"{'|'.join(key)}|{model}|values"] = ms.scores.values
+            arrays[f"{'|'.join(key)}|{model}|units"] = ms.scores.units
+    np.savez_compressed(paths["scores"], **arrays)
+    record = {**info, "provenance": provenance(run.params, stage="evaluation"),
+              "metrics": metrics.to_dict(orient="records"), "differences": differences.to_dict(orient="records")}
+    write_json(paths["results"], record)
+    return paths
+
+
+def load_results(run_dir: str | Path) -> EvalResults:
+    """Read the files `evaluate_run` wrote under `<run_dir>/evaluation/`."""
+    directory = Path(run_dir) / "evaluation"
+    path = directory / RESULTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run notebook 06_evaluation (cglib.evaluate.evaluate_run) first")
+    info = json.loads(path.read_text(encoding="utf-8"))
+    info.pop("metrics", None)
+    info.pop("differences", None)
+    metrics = pd.read_csv(directory / METRICS_FILE, dtype={"exposure": str, "level": str})
+    metrics["exposure"] = metrics["exposure"].fillna("")
+    differences = pd.read_csv(directory / DIFFERENCES_FILE)
+    table = pd.read_csv(directory / "table3.csv", index_col="model")
+    return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=directory,
+                       paths={p.stem: p for p in directory.iterdir() if p.is_file()})
+
+
+def load_scores(run_dir: str | Path) -> dict[tuple[str, ...], dict[str, Scores]]:
+    """The per-query scores behind every metric: {(benchmark, labels, direction, metric, level): {model: Scores}}."""
+    out: dict[tuple[str, ...], dict[str, Scores]] = {}
+    with np.load(Path(run_dir) / "evaluation" / SCORES_FILE) as f:
+        for name in f.files:
+            if not name.endswith("|values"):
+                continue
+            *key, model, _ = name.split("|")
+            out.setdefault(tuple(key), {})[model] = Scores(f[name], f[name[: -len("values")] + "units"])
+    return out
+

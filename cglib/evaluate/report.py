@@ -1,0 +1,305 @@
+"""Tables and words from saved evaluation results: tidy metrics, Table 3, paired differences, a short reading.
+
+Everything here is a pure function of the saved files' contents (`metrics.csv`, `differences.csv`,
+`results.json`), so the tables and Fig. 4 can be regenerated without re-running any model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+METRIC_COLUMNS = ["model", "benchmark", "labels", "direction", "metric", "level", "value", "ci_low", "ci_high",
+                  "n", "n_queries", "n_excluded", "chance", "exposed_to_eval_strings", "exposure"]
+DIFF_COLUMNS = ["model_a", "model_b", "benchmark", "labels", "direction", "metric", "level", "difference",
+                "ci_low", "ci_high", "n", "significant"]
+LABEL_NAMES = {"dag": "MAGIC DAG labels", "ground_truth": "world ground truth", "captions": "captions",
+               "hierarcaps": "HierarCaps"}
+DIRECTION_NAMES = {"t2i": "text->image", "i2t": "image->text", "-": ""}
+BENCHMARK_NAMES = {"forced_choice": "forced choice", "gallery": "gallery retrieval", "coco": "COCO captions",
+                   "hierarcaps": "HierarCaps retrieval", "hierarcaps_batch": "HierarCaps in-batch",
+                   "hierarcaps_hierarchy": "HierarCaps hierarchy"}
+PERCENT_METRICS = ("accuracy", "R@", "P@", "mAP", "precision", "recall")
+
+# The paper's Table 3 (text->image "R@1", as the authors compute it: a 2-way forced choice), for reference.
+PAPER_TABLE3 = pd.DataFrame(
+    [[69.7, 67.7, 59.7, 56.5, 57.2, 91.1, 93.0, 91.4, 90.5, 96.6],
+     [74.2, 68.7, 59.5, 55.9, 57.4, 90.4, 92.9, 91.1, 90.3, 94.1],
+     [74.1, 70.2, 61.3, 57.3, 58.9, 92.4, 93.6, 92.6, 91.4, 96.8],
+     [74.8, 71.1, 61.7, 57.3, 59.1, 92.8, 93.9, 93.7, 93.6, 96.2],
+     [77.2, 73.8, 61.0, 58.6, 57.5, 91.4, 92.9, 87.4, 84.6, 88.0]],
+    index=pd.Index(["CLIP", "CLIP fine-tuned", "CLEAR GLASS centroid", "CLEAR GLASS pairwise",
+                    "pairwise + pretraining"], name="model"),
+    columns=["MAGIC captions", "MAGIC l1", "MAGIC l2", "MAGIC l3", "MAGIC l4",
+             "HierarCaps l1", "HierarCaps l2", "HierarCaps l3", "HierarCaps l4", "COCO"])
+
+
+@dataclass(frozen=True)
+class Column:
+    """One Table 3 column: its header and the metric row it shows."""
+
+    header: str
+    benchmark: str
+    labels: str
+    direction: str
+    metric: str
+    level: str
+
+
+def is_percent(metric: str) -> bool:
+    """Metrics shown in percent (accuracies, recalls, precisions); Kendall tau stays a correlation."""
+    return metric.startswith(PERCENT_METRICS)
+
+
+def table3_columns(metrics: pd.DataFrame) -> list[Column]:
+    """Table 3's columns present in `metrics`: MAGIC (DAG, then ground truth), HierarCaps, COCO; all text->image.
+
+    The paper's six text types map to: MAGIC captions = generalized captions, l1-l4 = concept names,
+    COCO = the original captions, all in the forced choice; HierarCaps = the B-way in-batch R@1 per level.
+    """
+    levels = sorted({lv for lv in metrics["level"] if lv.startswith("l") and lv[1:].isdigit()},
+                    key=lambda s: int(s[1:]))
+    candidates = [Column("MAGIC captions", "forced_choice", "dag", "t2i", "accuracy", "generalized")]
+    candidates += [Column(f"MAGIC {lv}", "forced_choice", "dag", "t2i", "accuracy", lv) for lv in levels]
+    candidates += [Column(f"GT {lv}", "forced_choice", "ground_truth", "t2i", "accuracy", lv) for lv in levels]
+    candidates += [Column(f"HierarCaps {lv}", "hierarcaps_batch", "hierarcaps", "t2i", "R@1", lv)
+                   for lv in levels]
+    candidates.append(Column("COCO", "forced_choice", "dag", "t2i", "accuracy", "caption"))
+    keys = set(map(tuple, metrics[["benchmark", "labels", "direction", "metric", "level"]].to_numpy()))
+    return [c for c in candidates if (c.benchmark, c.labels, c.direction, c.metric, c.level) in keys]
+
+
+def select(metrics: pd.DataFrame, benchmark: str, labels: str | None = None, direction: str | None = None,
+           metric: str | None = None) -> pd.DataFrame:
+    """Rows of one benchmark (and optionally labels, direction, metric)."""
+    mask = metrics["benchmark"] == benchmark
+    for column, value in (("labels", labels), ("direction", direction), ("metric", metric)):
+        if value is not None:
+            mask &= metrics[column] == value
+    return metrics[mask]
+
+
+def model_order(metrics: pd.DataFrame) -> list[str]:
+    """Models in the order they were evaluated (first appearance in the file)."""
+    return list(dict.fromkeys(metrics["model"]))
+
+
+def table3(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Table 3 as numbers: one row per model; per column its value, CI low and high (percent)."""
+    columns = table3_columns(metrics)
+    rows = []
+    for model in model_order(metrics):
+        m = metrics[metrics["model"] == model]
+        row: dict[str, object] = {"model": model, "exposed_to_eval_strings": bool(m["exposed_to_eval_strings"].any())}
+        for c in columns:
+            hit = m[(m["benchmark"] == c.benchmark) & (m["labels"] == c.labels) & (m["direction"] == c.direction)
+                    & (m["metric"] == c.metric) & (m["level"] == c.level)]
+            if hit.empty:
+                continue
+            r = hit.iloc[0]
+            row[c.header] = 100 * r["value"]
+            row[f"{c.header} ci_low"] = 100 * r["ci_low"]
+            row[f"{c.header} ci_high"] = 100 * r["ci_high"]
+            row[f"{c.header} n"] = int(r["n"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("model")
+
+
+def _fmt(value: float, low: float, high: float, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if low is None or math.isnan(low):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def model_label(model: str, exposed: bool) -> str:
+    """Row label; a dagger marks models whose training saw the evaluation strings."""
+    return f"{model} †" if exposed else model
+
+
+def table3_display(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 3 with 'value [low, high]' cells, daggers on exposed models (for markdown and notebooks)."""
+    headers = [c for c in table.columns if not c.endswith((" ci_low", " ci_high", " n"))
+               and c != "exposed_to_eval_strings"]
+    out = pd.DataFrame(index=[model_label(m, bool(table.loc[m, "exposed_to_eval_strings"])) for m in table.index],
+                       columns=headers, dtype=object)
+    for model, label in zip(table.index, out.index):
+        for h in headers:
+            out.loc[label, h] = _fmt(table.loc[model, h], table.loc[model, f"{h} ci_low"],
+                                     table.loc[model, f"{h} ci_high"])
+    out.index.name = "model"
+    return out
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A GitHub markdown table of a small frame (index as the first column)."""
+    header = [frame.index.name or ""] + [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for idx, row in frame.iterrows():
+        lines.append("| " + " | ".join([str(idx)] + [str(v) for v in row.tolist()]) + " |")
+    return "\n".join(lines)
+
+
+def table3_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
+    """table3.md: the table with its 95% CIs and the notes that say how every column was computed."""
+    body = markdown_table(table3_display(table))
+    return "\n".join(["# Table 3 (regenerated)", "", body, "", *[f"- {n}" for n in notes], ""])
+
+
+def style_table3(table: pd.DataFrame):
+    """A pandas Styler of Table 3: 'value [CI]' cells shaded by value (per column)."""
+    display = table3_display(table)
+    values = table[[c for c in display.columns]].astype(float)
+    values.index = display.index
+    styler = display.style
+    for column in display.columns:
+        styler = styler.background_gradient(cmap="Greens", subset=[column], gmap=values[column], axis=0)
+    return styler.set_caption("Table 3: text->image accuracy (%) with 95% bootstrap CIs")
+
+
+def metric_table(metrics: pd.DataFrame, benchmark: str, labels: str, direction: str, metric: str) -> pd.DataFrame:
+    """Models x levels of one metric as 'value [low, high]' strings (percent where it is a rate)."""
+    rows = select(metrics, benchmark, labels, direction, metric)
+    scale = 100.0 if is_percent(metric) else 1.0
+    digits = 1 if is_percent(metric) else 3
+    levels = list(dict.fromkeys(rows["level"]))
+    out = pd.DataFrame(index=model_order(rows), columns=levels, dtype=object)
+    for _, r in rows.iterrows():
+        out.loc[r["model"], r["level"]] = _fmt(scale * r["value"], scale * r["ci_low"], scale * r["ci_high"], digits)
+    out.index.name = "model"
+    return out
+
+
+def read_results(metrics: pd.DataFrame, differences: pd.DataFrame, comparisons: Sequence[tuple[str, str]],
+                 benchmark: str = "forced_choice", labels: str = "dag", direction: str = "t2i",
+                 metric: str = "accuracy") -> list[str]:
+    """A short automatic reading: each comparison's significant differences by level, and chance checks.
+
+    A difference is called significant only when its paired 95% bootstrap CI excludes 0; otherwise the
+    sentence says there is no significant difference.
+    """
+    unit = "points" if is_percent(metric) else ""
+    scale = 100.0 if is_percent(metric) else 1.0
+    where = f"{BENCHMARK_NAMES.get(benchmark, benchmark)}, {DIRECTION_NAMES[direction]}, " \
+            f"{LABEL_NAMES.get(labels, labels)}, {metric}"
+    sentences = []
+    diffs = differences[(differences["benchmark"] == benchmark) & (differences["labels"] == labels)
+                        & (differences["direction"] == direction) & (differences["metric"] == metric)]
+    for a, b in comparisons:
+        rows = diffs[(diffs["model_a"] == a) & (diffs["model_b"] == b)]
+        sign = 1.0
+        if rows.empty:
+            rows = diffs[(diffs["model_a"] == b) & (diffs["model_b"] == a)]
+            sign = -1.0
+        if rows.empty:
+            continue
+        wins, losses, ties, unscored = [], [], [], []
+        for _, r in rows.iterrows():
+            if not np.isfinite(r["difference"]):
+                unscored.append(r["level"])
+                continue
+            d = sign * scale * r["difference"]
+            lo, hi = sorted((sign * scale * r["ci_low"], sign * scale * r["ci_high"]))
+            text = f"{r['level']} by {abs(d):.1f} {unit} (95% CI [{lo:.1f}, {hi:.1f}])".replace("  ", " ")
+            if lo > 0:
+                wins.append(text)
+            elif hi < 0:
+                losses.append(text)
+            else:
+                ties.append(f"{r['level']} ({d:+.1f} [{lo:.1f}, {hi:.1f}])")
+        parts = []
+        if wins:
+            parts.append(f"{a} beats {b} at " + "; ".join(wins))
+        if losses:
+            parts.append(f"{a} is worse than {b} at " + "; ".join(losses))
+        if ties:
+            parts.append("no significant difference (paired CI includes 0) at " + ", ".join(ties))
+        if unscored:
+            parts.append("no scorable item at " + ", ".join(unscored))
+        sentences.append(f"{a} vs {b} ({where}): " + "; ".join(parts) + ".")
+    rows = select(metrics, benchmark, labels, direction, metric)
+    for model in model_order(rows):
+        m = rows[(rows["model"] == model) & rows["chance"].notna() & rows["value"].notna()]
+        at_chance = [r["level"] for _, r in m.iterrows() if r["ci_low"] <= r["chance"] <= r["ci_high"]]
+        if len(m) and at_chance:
+            sentences.append(f"{model}: indistinguishable from chance (CI covers it) at {len(at_chance)} of {len(m)} "
+                             f"text types ({', '.join(at_chance)}).")
+    return sentences
+
+
+def difference_table(differences: pd.DataFrame, benchmark: str, labels: str, direction: str, metric: str,
+                     model_a: str | None = None) -> pd.DataFrame:
+    """Paired differences (model_a - model_b) by level as 'diff [low, high]' (+ '*' when the CI excludes 0)."""
+    rows = differences[(differences["benchmark"] == benchmark) & (differences["labels"] == labels)
+                       & (differences["direction"] == direction) & (differences["metric"] == metric)]
+    if model_a is not None:
+        rows = rows[rows["model_a"] == model_a]
+    scale = 100.0 if is_percent(metric) else 1.0
+    levels = list(dict.fromkeys(rows["level"]))
+    pairs = list(dict.fromkeys(zip(rows["model_a"], rows["model_b"])))
+    out = pd.DataFrame(index=[f"{a} - {b}" for a, b in pairs], columns=levels, dtype=object)
+    for _, r in rows.iterrows():
+        cell = _fmt(scale * r["difference"], scale * r["ci_low"], scale * r["ci_high"], 1 if scale > 1 else 3)
+        out.loc[f"{r['model_a']} - {r['model_b']}", r["level"]] = cell + (" *" if r["significant"] else "")
+    out.index.name = "difference"
+    return out
+
+
+def items_summary(info: dict) -> pd.DataFrame:
+    """Per text type: forced-choice items scored and excluded (by reason, first seed), images without text."""
+    items = info["items"]
+    rows = []
+    for name, scored in items["forced_choice_items"].items():
+        excluded = next(iter(items["forced_choice_excluded"][name].values()), {})
+        rows.append({"text type": name, "scored": scored, "excluded": sum(excluded.values()),
+                     "why excluded": "; ".join(f"{k} ({v})" for k, v in excluded.items()) or "-",
+                     "images without this text": items["without_text"].get(name, 0)})
+    return pd.DataFrame(rows).set_index("text type")
+
+
+def table3_notes(info: dict) -> list[str]:
+    """The notes printed under Table 3: how each column was computed, the items, the exposures."""
+    s = info["settings"]
+    notes = [
+        (f"Cells: text->image accuracy in %, 95% bootstrap CI ({s['bootstrap']} resamples over test "
+         f"{'images' if s.get('bootstrap_unit', 'image') == 'image' else 'l1 groups'}) in "
+         f"brackets; forced choice with M = {s['choices']} (chance {100 / s['choices']:.0f}%), seeds {s['seeds']}."),
+        ("MAGIC captions = generalized captions; MAGIC l1-l4 = concept names from the DAG (magic.json); COCO = "
+         "the original captions; all scored with the fixed forced-choice protocol (no identical-text negatives, "
+         "ties wrong, distinct negative groups); negatives from the hard negatives of the image's "
+         + ("l1 group." if s.get("negative_source", "group") == "group" else "node at the evaluated level.")),
+        (f"Test images: {info['items']['n_test_images']} in {info['items']['n_groups']} l1 groups; items without "
+         "M-1 valid negatives are excluded and counted in results.json (items.forced_choice_excluded)."),
+    ]
+    if info["items"]["ground_truth"]:
+        notes.append("GT l1-l4: the same protocol with the synthetic world's ground-truth concept names as texts "
+                     "(the DAG's chains are the pipeline's estimate of them).")
+    if info.get("hierarcaps"):
+        notes.append(f"HierarCaps l1-l4: {s['hierarcaps_batch']}-way in-batch R@1 (a hit is any image with the "
+                     f"same text at that level), {info['hierarcaps']['n_items']} items.")
+        overlap = info["hierarcaps"]["overlap_with_run_images"]
+        if overlap["train"]:
+            notes.append(f"{overlap['train']} of the HierarCaps images are in this run's MAGIC train split: the "
+                         "trained models saw them (and their COCO captions) in training; compare with care.")
+    if any(m["exposed_to_eval_strings"] for m in info["models"]):
+        notes.append("† training saw the evaluation strings (textual pretraining with the l1-l4 concept names).")
+    return notes
+
+
+def wide_table(metrics: pd.DataFrame, benchmark: str, labels: str, level: str) -> pd.DataFrame:
+    """Models x (direction metric) of one benchmark level, 'value [low, high]' (e.g. COCO R@k both ways)."""
+    rows = metrics[(metrics["benchmark"] == benchmark) & (metrics["labels"] == labels) & (metrics["level"] == level)]
+    columns = list(dict.fromkeys(f"{DIRECTION_NAMES.get(d, d)} {m}".strip()
+                                 for d, m in zip(rows["direction"], rows["metric"])))
+    out = pd.DataFrame(index=model_order(rows), columns=columns, dtype=object)
+    for _, r in rows.iterrows():
+        scale, digits = (100.0, 1) if is_percent(r["metric"]) else (1.0, 3)
+        column = f"{DIRECTION_NAMES.get(r['direction'], r['direction'])} {r['metric']}".strip()
+        out.loc[r["model"], column] = _fmt(scale * r["value"], scale * r["ci_low"], scale * r["ci_high"], digits)
+    out.index.name = "model"
+    return out

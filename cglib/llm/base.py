@@ -1,0 +1,159 @@
+"""What every abstraction backend shares: tasks, outcomes, failures, the backend interface, cache keys.
+
+A task is one question (a concept at one level for one image, or generalized captions for one group). A
+backend turns a task into an exact request payload (hashed into the cache key) and answers a list of jobs,
+reporting each outcome as it arrives, so the engine can write it to the cache at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Failure reasons (the keys of the per-reason counts in every summary).
+REPLY_REASONS = ("invalid_json", "missing_fields", "empty", "too_long", "truncated", "refusal", "invalid_concept",
+                 "repeated_concept", "wrong_count")
+TRANSPORT_REASONS = ("rate_limited", "server_error", "timeout", "connection_error", "batch_expired",
+                     "batch_failed")
+
+
+class FatalBackendError(RuntimeError):
+    """An error that every further request would hit too (no quota, bad key, unknown model): stop the run."""
+
+
+class QuotaExhaustedError(FatalBackendError):
+    """HTTP 429 with `insufficient_quota`: the account has no credit left; retrying cannot help."""
+
+
+@dataclass(frozen=True)
+class ConceptTask:
+    """Ask for concept number `level` (1-based) of one image, given its captions and the chain so far."""
+
+    item_id: str
+    level: int
+    captions: tuple[str, ...]
+    chain: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """Ask for `n` generalized captions of one concept node (LLM_gen, PAPER_NOTES step 5)."""
+
+    group_id: str
+    concept: str
+    parents: list[str]
+    captions: list[str]
+    n: int
+
+    @property
+    def item_id(self) -> str:
+        return self.group_id
+
+
+@dataclass
+class Outcome:
+    """The answer to one job after all retries: a value, or a failure reason with the raw reply."""
+
+    ok: bool
+    value: Any = None  # concept string, or list of captions
+    reason: str | None = None
+    detail: str = ""
+    raw: str | None = None
+    cacheable: bool = True  # transport failures are not cached: a later run tries them again
+    requests: int = 0  # HTTP requests (or batch lines) spent on this job
+    input_tokens: int = 0
+    output_tokens: int = 0
+    retries: Counter = field(default_factory=Counter)  # reason -> retries
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def failure(cls, reason: str, detail: str = "", raw: str | None = None, cacheable: bool = True,
+                **kw: Any) -> Outcome:
+        return cls(ok=False, reason=reason, detail=detail, raw=clip_raw(raw), cacheable=cacheable, **kw)
+
+
+@dataclass
+class Failure:
+    """One item that ended without a result: which item, at which level, why, and the raw reply."""
+
+    item_id: str
+    level: int | None
+    reason: str
+    detail: str = ""
+    raw: str | None = None
+
+
+@dataclass
+class Job:
+    """A task with its exact request payload and cache key; `tasks` holds every task with the same key."""
+
+    key: str
+    payload: dict
+    tasks: list = field(default_factory=list)
+
+    @property
+    def task(self) -> Any:
+        return self.tasks[0]
+
+
+Report = Callable[[Job, Outcome], None]
+
+
+class Backend(ABC):
+    """One way of answering tasks. Subclasses set `name`, `model`, `prompt_version` and `cacheable`."""
+
+    name: str = ""
+    model: str = ""
+    prompt_version: str | None = None
+    cacheable: bool = True
+    streaming: bool = True  # results arrive one by one (commit each at once); False: all at once (commit once)
+    price_factor: float = 1.0  # Batch API: half price
+
+    @abstractmethod
+    def payload(self, task: Any) -> dict:
+        """The exact request for `task` (everything that determines the answer; hashed into the cache key)."""
+
+    @abstractmethod
+    async def run(self, jobs: list[Job], report: Report) -> None:
+        """Answer every job, calling `report(job, outcome)` once per job as soon as its outcome is known."""
+
+    def key(self, payload: dict) -> str:
+        """Cache key: hash of backend, model, prompt version and the exact request."""
+        return request_key(self.name, self.model, self.prompt_version, payload)
+
+
+def request_key(backend: str, model: str, prompt_version: str | None, payload: dict) -> str:
+    """SHA-256 of the canonical JSON of (backend, model, prompt version, request)."""
+    blob = json.dumps({"backend": backend, "model": model, "prompt_version": prompt_version, "request": payload},
+                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def clip_raw(raw: str | None, limit: int = 4000) -> str | None:
+    """Keep at most `limit` characters of a raw reply (absurdly long replies are stored cut, with their length)."""
+    if raw is None or len(raw) <= limit:
+        return raw
+    return raw[:limit] + f"... [cut: {len(raw)} characters in all]"
+
+
+def run_sync(make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, also inside Jupyter (whose event loop is already running).
+
+    With a running loop the coroutine gets its own loop in a worker thread: everything async (the HTTP client,
+    the cache connection) is created inside that coroutine, so nothing is shared between loops.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cglib-llm") as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()

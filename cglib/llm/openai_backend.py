@@ -1,0 +1,277 @@
+"""The `openai` backend: any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp).
+
+Live mode: one AsyncOpenAI client per event loop, `llm.concurrency` requests in flight (a pool of that many
+workers, equivalent to a semaphore but without one task object per request at COCO scale), temperature 0, a
+strict JSON schema for the reply when `llm.structured_output`, and pydantic validation always. The client's
+own retries are off (max_retries=0): this module retries 429, 5xx, timeouts and connection errors with
+exponential backoff and jitter, honouring `retry-after-ms` / `retry-after`, so every retry is counted by
+reason. A 429 with `insufficient_quota`, and 401/403/404, stop the run (every further request would fail).
+Bad replies are retried `llm.max_bad_reply_retries` times, then recorded as failures with the raw reply.
+Batch mode (`llm.batch_api`) lives in `cglib.llm.batch`.
+
+The API key is read from the environment variable named by `llm.api_key_env` when the client is created and
+is passed only to the client: it never enters params, payloads, cache keys, cache rows or summaries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from cglib.config import Params
+from cglib.llm.base import (
+    Backend,
+    ConceptTask,
+    FatalBackendError,
+    GroupRequest,
+    Job,
+    Outcome,
+    QuotaExhaustedError,
+    Report,
+)
+from cglib.llm.prompts import (
+    CONCEPT_SCHEMA,
+    GENERALIZE_SCHEMA,
+    concept_messages,
+    generalize_messages,
+    load_prompts,
+)
+from cglib.llm.replies import ReplyError, check_message, message_of
+
+NO_KEY_PLACEHOLDER = "no-key-needed"  # local servers (vLLM, Ollama, llama.cpp) accept any key
+MAX_RETRY_AFTER_S = 120.0
+
+
+def api_key(params: Params) -> str:
+    """The API key from the environment variable `llm.api_key_env`; a clear error when OpenAI itself needs it."""
+    name = params.llm.api_key_env
+    key = os.environ.get(name, "").strip()
+    if key:
+        return key
+    if params.llm.base_url:
+        return NO_KEY_PLACEHOLDER
+    raise FatalBackendError(f"llm.backend 'openai' needs an API key in the environment variable {name} "
+                            f"(export {name}=...), or llm.base_url for a local server that needs none")
+
+
+def http_client(transport: str):
+    """The HTTP client for AsyncOpenAI: aiohttp (about 2x the throughput of httpx's async transport at high
+    concurrency, openai-python #1596) when chosen or, for 'auto', installed; else the default (None)."""
+    if transport == "httpx":
+        return None
+    try:
+        import aiohttp  # noqa: F401  (the openai extra `openai[aiohttp]`)
+    except ImportError:
+        if transport == "aiohttp":
+            raise ImportError("llm.http_transport 'aiohttp' needs the package aiohttp: pip install 'openai[aiohttp]', "
+                              "or set llm.http_transport: httpx") from None
+        return None
+    from openai import DefaultAioHttpClient
+
+    return DefaultAioHttpClient()
+
+
+def retry_after_s(headers: Any) -> float | None:
+    """Delay asked for by a `retry-after-ms` or `retry-after` header (seconds or HTTP date), or None."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) / scale)
+        except ValueError:
+            parsed = email.utils.parsedate_tz(value) if name == "retry-after" else None
+            if parsed is not None:
+                return max(0.0, email.utils.mktime_tz(parsed) - time.time())
+    return None
+
+
+def backoff_s(retry: int, base: float, cap: float, rng: random.Random) -> float:
+    """Exponential backoff with equal jitter: half the capped delay fixed, half uniformly random."""
+    delay = min(cap, base * 2.0 ** retry)
+    return delay / 2 + rng.uniform(0, delay / 2)
+
+
+def is_quota_error(exc: Exception) -> bool:
+    """A 429 whose error code or type is `insufficient_quota` (billing, not rate): not retryable."""
+    return "insufficient_quota" in (str(getattr(exc, "code", "")), str(getattr(exc, "type", "")))
+
+
+def sample_captions(captions: list[str], k: int, seed: int, group_id: str) -> list[str]:
+    """At most `k` of a node's captions: all when few enough, else a sample seeded by run seed and group id."""
+    if len(captions) <= k:
+        return list(captions)
+    rng = random.Random(f"{seed}:{group_id}")  # str seeds hash deterministically across processes
+    return [captions[i] for i in sorted(rng.sample(range(len(captions)), k))]
+
+
+def chat_payload(params: Params, task: ConceptTask | GroupRequest) -> dict:
+    """The exact chat-completions body for a task under `params` (also used by the cost estimate)."""
+    llm = params.llm
+    prompts = load_prompts(llm.prompt_version)
+    if isinstance(task, ConceptTask):
+        messages = concept_messages(prompts, list(task.captions), list(task.chain), params.magic.l_max)
+        schema, name, max_tokens = CONCEPT_SCHEMA, "concept", llm.max_output_tokens
+    else:
+        shown = sample_captions(task.captions, llm.generalize_max_captions, params.run.seed, task.group_id)
+        messages = generalize_messages(prompts, task.concept, task.parents, shown, task.n)
+        schema, name, max_tokens = GENERALIZE_SCHEMA, "generalized_captions", llm.max_output_tokens * task.n
+    body: dict[str, Any] = {"model": llm.model, "messages": messages, "temperature": llm.temperature,
+                            "max_tokens": max_tokens, "seed": params.run.seed}
+    if llm.structured_output:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": name, "strict": True, "schema": schema}}
+    return body
+
+
+class OpenAIBackend(Backend):
+    """Chat completions against `llm.base_url` (or OpenAI) with `llm.model`."""
+
+    name = "openai"
+
+    def __init__(self, params: Params, work_dir: Path | None = None) -> None:
+        self.params = params
+        self.llm = params.llm
+        self.model = self.llm.model
+        self.prompt_version = self.llm.prompt_version
+        load_prompts(self.llm.prompt_version)  # an unknown version fails here, before any work
+        self.work_dir = work_dir  # Batch API request files and state
+        self.price_factor = self.llm.batch_price_factor if self.llm.batch_api else 1.0
+        self._rng = random.Random(params.run.seed)
+        api_key(params)  # fail before any work when the key is missing
+
+    def payload(self, task: ConceptTask | GroupRequest) -> dict:
+        """The chat-completions request body for one task (no key, no transport settings)."""
+        return chat_payload(self.params, task)
+
+    def client(self):
+        """A new AsyncOpenAI client for the current event loop (never shared across loops or threads)."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(api_key=api_key(self.params), base_url=self.llm.base_url, timeout=self.llm.timeout_s,
+                           max_retries=0, http_client=http_client(self.llm.http_transport))
+
+    # ------------------------------------------------------------------------------------------ running
+    async def run(self, jobs: list[Job], report: Report) -> None:
+        """Answer `jobs` with live calls (or through the Batch API when llm.batch_api)."""
+        if not jobs:
+            return
+        if self.llm.batch_api:
+            from cglib.llm.batch import BatchRunner
+
+            await BatchRunner(self, self.work_dir).run(jobs, report)
+            return
+        client = self.client()
+        pending = iter(jobs)
+        stop = asyncio.Event()
+        fatal: list[BaseException] = []
+        unreachable = 0  # consecutive jobs that ended without any answer (connection errors, timeouts)
+        limit = max(8, self.llm.concurrency)
+
+        async def worker() -> None:
+            nonlocal unreachable
+            for job in pending:  # one shared iterator: each job is taken by exactly one worker
+                if stop.is_set():
+                    return
+                try:
+                    outcome = await self.complete(client, job)
+                except FatalBackendError as exc:
+                    fatal.append(exc)
+                    stop.set()
+                    return
+                report(job, outcome)
+                unreachable = unreachable + 1 if outcome.reason in ("connection_error", "timeout") else 0
+                if unreachable >= limit and not stop.is_set():  # a dead server: stop instead of failing every item
+                    fatal.append(FatalBackendError(
+                        f"{unreachable} requests in a row got no answer from {self.llm.base_url or 'OpenAI'} "
+                        f"({outcome.reason}: {outcome.detail}); check llm.base_url, that the server is running and "
+                        "llm.timeout_s, then run again (finished items are cached)"))
+                    stop.set()
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(self.llm.concurrency, len(jobs)))))
+        finally:
+            await client.close()
+        if fatal:
+            raise fatal[0]
+
+    async def complete(self, client: Any, job: Job) -> Outcome:
+        """One job with retries: transport errors with backoff, bad replies up to max_bad_reply_retries."""
+        import openai
+
+        out = Outcome(ok=False)
+        transport_retries = bad_replies = 0
+        while True:
+            out.requests += 1
+            delay: float | None = None
+            try:
+                # The client's generic `post` (documented for any endpoint) sends the body as it is: the typed
+                # `chat.completions.create` spends ~10 ms of CPU per request transforming it (measured in
+                # benchmarks/bench_llm.py), which caps a 2-core machine near 60 requests/s.
+                completion = await client.post("/chat/completions", body=job.payload, cast_to=object)
+            except openai.RateLimitError as exc:
+                if is_quota_error(exc):
+                    raise QuotaExhaustedError(
+                        "the API account has no quota left (HTTP 429 insufficient_quota): add credit or raise the "
+                        "limit, then run again; finished items are cached and will not be requested again") from None
+                reason, delay = "rate_limited", retry_after_s(exc.response.headers)
+            except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
+                raise FatalBackendError(f"the server refused the request (HTTP {exc.status_code}: {_message(exc)}); "
+                                        f"check llm.model ('{self.model}'), llm.base_url and the key in "
+                                        f"${self.llm.api_key_env}") from None
+            except openai.APITimeoutError:
+                reason = "timeout"
+            except openai.APIConnectionError as exc:
+                reason = "connection_error"
+                out.detail = str(exc)
+            except openai.APIStatusError as exc:
+                if exc.status_code >= 500 or exc.status_code in (408, 409):
+                    reason, delay = "server_error", retry_after_s(exc.response.headers)
+                else:  # 400/422: this request is wrong; asking again cannot help
+                    return _finish(out, Outcome.failure("bad_request", f"HTTP {exc.status_code}: {_message(exc)}"))
+            else:
+                msg = message_of(completion)
+                out.input_tokens += msg.input_tokens
+                out.output_tokens += msg.output_tokens
+                try:
+                    value = check_message(msg, job.task, self.llm.max_reply_chars)
+                except ReplyError as err:
+                    out.retries[err.reason] += 1
+                    bad_replies += 1
+                    if bad_replies > self.llm.max_bad_reply_retries:
+                        out.retries[err.reason] -= 1  # the last try is the failure, not a retry
+                        return _finish(out, Outcome.failure(err.reason, err.detail, err.raw))
+                    continue
+                return _finish(out, Outcome(ok=True, value=value, raw=msg.content,
+                                            meta={"finish_reason": msg.finish_reason}))
+            if transport_retries >= self.llm.max_retries:
+                return _finish(out, Outcome.failure(reason, f"gave up after {transport_retries} retries "
+                                                            f"{out.detail}".strip(), cacheable=False))
+            transport_retries += 1
+            out.retries[reason] += 1
+            if delay is None:
+                delay = backoff_s(transport_retries - 1, self.llm.backoff_base_s, self.llm.backoff_max_s, self._rng)
+            else:  # the server's delay, plus a little jitter so waiting workers do not return in lockstep
+                delay = min(delay, MAX_RETRY_AFTER_S) * (1 + 0.1 * self._rng.random())
+            await asyncio.sleep(delay)
+
+
+def _finish(acc: Outcome, final: Outcome) -> Outcome:
+    """`final` with the request, token and retry counts accumulated over all attempts."""
+    final.requests, final.input_tokens, final.output_tokens = acc.requests, acc.input_tokens, acc.output_tokens
+    final.retries = +acc.retries
+    return final
+
+
+def _message(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])[:300]
+    return str(exc)[:300]

@@ -1,0 +1,66 @@
+"""Figures and tables of an abstraction run for notebook 02 (the numbers come from cglib.llm.engine)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from cglib.llm.engine import AbstractionResult, chain_agreement, level_counts
+
+
+def abstraction_figure(chains: dict[str, list[str]], l_max: int, ground_truth: dict[str, list[str]] | None = None,
+                       top: int = 15) -> Figure:
+    """Distinct concepts per level (beside the ground truth's), the most common l1 concepts, and, with ground
+    truth, the agreement per level."""
+    import matplotlib.pyplot as plt
+
+    panels = 3 if ground_truth is not None else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
+    counts = pd.DataFrame(level_counts(chains, l_max))
+    levels = [f"l{k}" for k in counts["level"]]
+    axes[0].bar(levels, counts["distinct_concepts"], label="chains")
+    if ground_truth is not None:
+        agree = pd.DataFrame(chain_agreement(chains, ground_truth, l_max))
+        axes[0].plot(levels, agree["distinct_truth"], "o--", color="black", label="ground truth")
+        axes[0].legend()
+    axes[0].set(title="distinct concepts per level", ylabel="concepts")
+    l1 = Counter(c[0] for c in chains.values() if c).most_common(top)
+    axes[1].barh([name for name, _ in l1][::-1], [n for _, n in l1][::-1])
+    axes[1].set(title=f"most common l1 concepts (top {len(l1)})", xlabel="images")
+    if ground_truth is not None:
+        axes[2].bar(levels, agree["accuracy"])
+        axes[2].set(title="agreement with ground truth", ylabel="accuracy", ylim=(0, 1.1))
+        for x, y in zip(levels, agree["accuracy"]):
+            axes[2].annotate(f"{y:.2f}", (x, y), ha="center", va="bottom")
+    fig.tight_layout()
+    return fig
+
+
+def summary_table(result: AbstractionResult) -> pd.DataFrame:
+    """The headline numbers of a run as a two-column table."""
+    s = result.summary
+    rows = [("backend / model", f"{s['backend']} / {s['model']}"), ("prompt version", s["prompt_version"]),
+            ("images", s["images"]), ("chains", s["chains"]), ("failed images", s["failed_images"]),
+            ("cache hits / misses", f"{s['cache']['hits']} / {s['cache']['misses']}"),
+            ("requests (incl. retries)", s["requests"]), ("retries by reason", s["retries_by_reason"] or "-"),
+            ("tokens in / out", f"{s['tokens']['input']:,} / {s['tokens']['output']:,}"),
+            ("cost this run (USD)", s["cost_usd"]), ("wall time (s)", s["wall_s"])]
+    if s.get("note"):
+        rows.append(("note", s["note"]))
+    return pd.DataFrame(rows, columns=["", "value"]).set_index("")
+
+
+def sample_table(chains: dict[str, list[str]], captions: dict[str, list[str]], image_ids: list[str],
+                 ground_truth: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """One row per image: its first caption, its chain, and (synthetic world) its ground-truth l1."""
+    rows = []
+    for i in image_ids:
+        chain = chains.get(i)
+        row = {"image": i, "caption": captions[i][0]}
+        row.update({f"l{k + 1}": c for k, c in enumerate(chain)} if chain else {"l1": "(failed)"})
+        if ground_truth is not None:
+            row["true l1"] = ground_truth.get(i, [None])[0]
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("image")

@@ -1,0 +1,257 @@
+r"""Contrastive losses of CLEAR GLASS (paper Sec. 3.2, Eqs. 1-8), the CLIP baseline and the textual pretraining loss.
+
+Features come as `(M, N, L)` tensors: M groups (a MAGIC node and its hard negatives), N image-text pairs per
+group, L embedding dimensions. Every loss L2-normalizes its inputs, so `s(a, b)` below is the cosine similarity.
+
+- `pairwise_group_loss` (Eqs. 1-4): outer = InfoNCE whose positives are all N texts (images) of the anchor's
+  group among all M*N; inner = each combined vector `I[g,i] * T[g,j]` (element-wise) classified among the M
+  group centroids `mu_g = mean_ij I[g,i] * T[g,j]` with temperature tau'.
+- `centroid_group_loss` (Eqs. 5-8): outer = CLIP InfoNCE between the M image centroids and the M text
+  centroids; inner = each image (text) classified among the M image (text) centroids with tau'.
+- `clip_loss`: standard symmetric InfoNCE over all pairs (the baseline); `text_alignment_loss`: the same between
+  two sets of texts (textual alignment pretraining, Sec. 3.2.4).
+
+Conventions shared by every loss here:
+- Numerics: computed in float32 (float64 inputs stay float64) with autocast disabled, through log-sum-exp /
+  cross-entropy, so they are finite for tau in [0.01, 10] and features of any scale. Each vector is divided
+  by its largest absolute entry before `F.normalize`, so neither 1e-30 nor 1e30 under- or overflows. A zero
+  feature vector is allowed: it normalizes to zero (F.normalize's eps), has similarity 0 to everything and a
+  large but finite gradient.
+- M = 1 is allowed: there is nothing to contrast, so every group term is exactly 0 (a cross-entropy over one
+  class); the pairwise outer term over one group is 0 too.
+- alpha: `alpha_on="inner"` weights `alpha * inner + (1 - alpha) * outer` (paper, Eqs. 4 and 8);
+  `alpha_on="outer"` weights `alpha * outer + (1 - alpha) * inner` (the authors' code, whose default
+  alpha = 1.2233 lies outside [0, 1]; any finite alpha is accepted).
+- Distributed: when `torch.distributed` is initialized with world_size > 1, `gather_groups` concatenates every
+  rank's features along the first axis (whole groups; every rank must pass the same shape) and each rank
+  returns the loss of the whole global batch, equal to the single-process loss. Gradients flow back to every
+  rank's shard through `torch.distributed.nn.functional.all_gather`, whose backward sums the gradient of all
+  ranks' (identical) losses: the gradient w.r.t. a rank's local features is world_size times the
+  single-process gradient, so that after DDP averages parameter gradients over ranks they equal the
+  single-process gradient exactly (tested with 2 gloo processes in tests/test_losses_distributed.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+Temperature = float | Tensor
+AlphaOn = Literal["inner", "outer"]
+
+_EPS = 1e-12  # same eps as F.normalize: floor of a norm before dividing by it
+
+
+# ----------------------------------------------------------------------------------------- distributed
+def gather_groups(features: Tensor) -> Tensor:
+    """Concatenate all ranks' features along dim 0 (whole groups), keeping gradients to every rank's shard."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return features
+    world_size = dist.get_world_size()
+    # all_gather needs identical shapes everywhere; check first so a mismatch is an error, not a hang or garbage
+    shape = torch.tensor(features.shape, dtype=torch.long, device=features.device)
+    shapes = [torch.empty_like(shape) for _ in range(world_size)]
+    dist.all_gather(shapes, shape)
+    if any(not torch.equal(s, shape) for s in shapes):
+        raise ValueError(f"gather_groups: ranks hold features of different shapes {[s.tolist() for s in shapes]}; "
+                         "give every rank the same number of groups and pairs per group (drop the last batch)")
+    # torch.distributed.nn's all_gather is differentiable: its backward sums every rank's gradient for a shard
+    return torch.cat(torch.distributed.nn.functional.all_gather(features), dim=0)
+
+
+# -------------------------------------------------------------------------------------------- checks
+def _check_features(image_features: Tensor, text_features: Tensor, ndims: tuple[int, ...],
+                    names: tuple[str, str] = ("image_features", "text_features")) -> None:
+    """Raise ValueError naming the problem when the feature tensors cannot enter a loss."""
+    pairs = ((names[0], image_features), (names[1], text_features))
+    for name, x in pairs:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.ndim not in ndims:
+            want = " or ".join({2: "(B, L)", 3: "(M groups, N pairs, L)"}[n] for n in ndims)
+            raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+        if any(size == 0 for size in x.shape):
+            raise ValueError(f"{name} has an empty dimension {tuple(x.shape)}; every group needs at least one "
+                             "pair and every vector at least one dimension")
+    if image_features.shape != text_features.shape:
+        raise ValueError(f"{names[0]} {tuple(image_features.shape)} and {names[1]} {tuple(text_features.shape)} "
+                         "must have the same shape (row by row, each is the positive of the other)")
+    finite = torch.stack([torch.isfinite(x).all() for _, x in pairs]).tolist()  # one device sync for both
+    for (name, _), ok in zip(pairs, finite, strict=True):
+        if not ok:
+            raise ValueError(f"{name} contains NaN or Inf; check the encoder output (e.g. fp16 overflow)")
+
+
+def _check_temperature(tau: Temperature, name: str) -> Temperature:
+    """A positive finite float, or a 0-dim tensor (a learned temperature, not checked to avoid a device sync)."""
+    if isinstance(tau, Tensor):
+        if tau.ndim != 0:
+            raise ValueError(f"{name} must be a float or a 0-dim tensor, got shape {tuple(tau.shape)}")
+        return tau.float() if tau.dtype in (torch.float16, torch.bfloat16) else tau
+    if isinstance(tau, bool) or not isinstance(tau, int | float) or not math.isfinite(tau) or tau <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {tau!r}")
+    return float(tau)
+
+
+def _check_weighting(alpha: float, alpha_on: str) -> None:
+    if alpha_on not in ("inner", "outer"):
+        raise ValueError(f"alpha_on must be 'inner' (paper: alpha * inner) or 'outer' (authors' code: "
+                         f"alpha * outer), got {alpha_on!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+
+
+def _full_precision(x: Tensor, other: Tensor) -> Tensor:
+    """Cast to the common dtype of both inputs, at least float32 (float64 stays float64)."""
+    dtype = torch.promote_types(torch.promote_types(x.dtype, other.dtype), torch.float32)
+    return x.to(dtype)
+
+
+def _unit(x: Tensor) -> Tensor:
+    """L2-normalize the last axis, exact for any scale: divide by the max |entry| first (a constant: detached)."""
+    peak = x.detach().abs().amax(dim=-1, keepdim=True)
+    peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+    return F.normalize(x / peak, dim=-1, eps=_EPS)
+
+
+def _run_in_full_precision(image_features: Tensor, text_features: Tensor,
+                           body: Callable[[Tensor, Tensor], dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Cast to full precision, gather groups from all ranks, normalize, and call `body` with autocast off."""
+    with torch.autocast(device_type=image_features.device.type, enabled=False):
+        image = gather_groups(_full_precision(image_features, text_features))
+        text = gather_groups(_full_precision(text_features, image_features))
+        image, text = _unit(torch.stack([image, text])).unbind(0)  # one pass for both: fewer small ops
+        return body(image, text)
+
+
+def _combine(inner: Tensor, outer: Tensor, alpha: float, alpha_on: AlphaOn, return_parts: bool
+             ) -> Tensor | dict[str, Tensor]:
+    loss = alpha * inner + (1 - alpha) * outer if alpha_on == "inner" else alpha * outer + (1 - alpha) * inner
+    return {"loss": loss, "inner": inner, "outer": outer} if return_parts else loss
+
+
+# ------------------------------------------------------------------------------------------ building blocks
+def _symmetric_info_nce(image: Tensor, text: Tensor, tau: Temperature) -> Tensor:
+    """CLIP loss on unit vectors (B, L): row b of each side is the positive of row b of the other."""
+    logits = image @ text.T / tau
+    both_directions = torch.cat([logits, logits.T])  # rows: images as anchors, then texts as anchors
+    labels = torch.arange(logits.shape[0], device=logits.device).repeat(2)
+    return F.cross_entropy(both_directions, labels)  # = mean of the image->text and text->image losses
+
+
+def _pairwise_outer(image: Tensor, text: Tensor, tau: Temperature) -> Tensor:
+    """Eq. 2: -log(sum over the anchor group's N positives / sum over all M*N), both directions, mean 1/(2MN)."""
+    m, n, dim = image.shape
+    logits = image.reshape(m * n, dim) @ text.reshape(m * n, dim).T / tau
+    both_directions = torch.stack([logits, logits.T])  # [0]: image anchors, [1]: text anchors
+    log_all = both_directions.logsumexp(dim=-1)  # (2, M*N)
+    # positives of anchor (g, i) are the candidates (g, j): the diagonal blocks of the (M, N, M, N) view
+    positives = torch.diagonal(both_directions.reshape(2, m, n, m, n), dim1=1, dim2=3)  # (2, N_i, N_j, M)
+    log_positive = positives.logsumexp(dim=2).transpose(1, 2).reshape(2, m * n)
+    return (log_all - log_positive).mean()
+
+
+def _pairwise_inner(image: Tensor, text: Tensor, tau_inner: Temperature, normalize_products: bool) -> Tensor:
+    """Eq. 3: classify each of the M*N*N combined vectors I[g,i] * T[g,j] among the M centroids, cosine / tau'.
+
+    The dot products <I_i * T_j, mu_h> = sum_l I_il T_jl mu_hl go through whichever intermediate is smaller: the
+    (M, N*M, L) vectors I_i * mu_h (one batched matmul with T per group) when M < N, else the (M*N*N, L)
+    combined vectors times the centroids; memory O(M*N*L*min(M, N)). This pair was the fastest of the exact
+    formulations measured in benchmarks/bench_losses.py (einsum was no faster). The norms factorize too:
+    ||I_i * T_j||^2 = (I*I)_i . (T*T)_j.
+    """
+    m, n, dim = image.shape
+    norms = torch.bmm(image * image, (text * text).transpose(1, 2)).clamp_min(_EPS**2).sqrt()  # (M, N, N)
+    if normalize_products:  # authors' code: centroid = normalized mean of the normalized combined vectors
+        # sum_ij I_i * T_j / ||I_i * T_j|| = sum_i I_i * (sum_j T_j / ||I_i * T_j||): no (M, N, N, L) tensor
+        centroids = (image * torch.bmm(1 / norms, text)).sum(dim=1)
+    else:  # Eq. 1 as printed: mean of the raw combined vectors = mean_i(I) * mean_j(T)
+        centroids = image.mean(dim=1) * text.mean(dim=1)
+    centroids = F.normalize(centroids, dim=-1, eps=_EPS)
+    if m < n:
+        scaled = (image.unsqueeze(2) * centroids[None, None]).reshape(m, n * m, dim)  # [g, i*M + h] = I_gi * mu_h
+        dots = torch.bmm(scaled, text.transpose(1, 2)).reshape(m, n, m, n).transpose(2, 3).reshape(m * n * n, m)
+    else:
+        dots = (image.unsqueeze(2) * text.unsqueeze(1)).reshape(m * n * n, dim) @ centroids.T
+    logits = dots / norms.reshape(m * n * n, 1) / tau_inner  # cosine similarity: (M*N*N, M), rows (g, i, j)
+    labels = torch.arange(m, device=image.device).repeat_interleave(n * n)
+    return F.cross_entropy(logits, labels)
+
+
+def _centroid_parts(image: Tensor, text: Tensor, tau: Temperature, tau_inner: Temperature
+                    ) -> tuple[Tensor, Tensor]:
+    """Eqs. 5-7 on unit vectors: (inner, outer) of the centroid loss."""
+    m, n, dim = image.shape
+    features = torch.stack([image, text])  # (2, M, N, L): both modalities through the same ops
+    centroids = F.normalize(features.mean(dim=2), dim=-1, eps=_EPS)  # Eq. 5, (2, M, L)
+    outer = _symmetric_info_nce(centroids[0], centroids[1], tau)  # Eq. 6
+    # Eq. 7: each image among the image centroids, each text among the text centroids
+    logits = torch.bmm(features.reshape(2, m * n, dim), centroids.transpose(1, 2)) / tau_inner  # (2, M*N, M)
+    labels = torch.arange(m, device=image.device).repeat_interleave(n).repeat(2)
+    inner = F.cross_entropy(logits.reshape(2 * m * n, m), labels)
+    return inner, outer
+
+
+# --------------------------------------------------------------------------------------------- public
+def pairwise_group_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1,
+                        tau_inner: Temperature = 0.1, alpha: float = 0.7, *, alpha_on: AlphaOn = "inner",
+                        normalize_products: bool = False, return_parts: bool = False
+                        ) -> Tensor | dict[str, Tensor]:
+    """Pairwise group loss (Eqs. 1-4) of (M, N, L) features; `return_parts` gives {loss, inner, outer}."""
+    _check_features(image_features, text_features, ndims=(3,))
+    tau, tau_inner = _check_temperature(tau, "tau"), _check_temperature(tau_inner, "tau_inner")
+    _check_weighting(alpha, alpha_on)
+
+    def body(image: Tensor, text: Tensor) -> dict[str, Tensor]:
+        inner = _pairwise_inner(image, text, tau_inner, normalize_products)
+        return {"inner": inner, "outer": _pairwise_outer(image, text, tau)}
+
+    parts = _run_in_full_precision(image_features, text_features, body)
+    return _combine(parts["inner"], parts["outer"], alpha, alpha_on, return_parts)
+
+
+def centroid_group_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1,
+                        tau_inner: Temperature = 0.1, alpha: float = 0.7, *, alpha_on: AlphaOn = "inner",
+                        return_parts: bool = False) -> Tensor | dict[str, Tensor]:
+    """Centroid group loss (Eqs. 5-8) of (M, N, L) features; `return_parts` gives {loss, inner, outer}."""
+    _check_features(image_features, text_features, ndims=(3,))
+    tau, tau_inner = _check_temperature(tau, "tau"), _check_temperature(tau_inner, "tau_inner")
+    _check_weighting(alpha, alpha_on)
+
+    def body(image: Tensor, text: Tensor) -> dict[str, Tensor]:
+        inner, outer = _centroid_parts(image, text, tau, tau_inner)
+        return {"inner": inner, "outer": outer}
+
+    parts = _run_in_full_precision(image_features, text_features, body)
+    return _combine(parts["inner"], parts["outer"], alpha, alpha_on, return_parts)
+
+
+def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1) -> Tensor:
+    """Standard symmetric InfoNCE over all M*N pairs of (M, N, L) or (B, L) features (the CLIP baseline)."""
+    _check_features(image_features, text_features, ndims=(2, 3))
+    tau = _check_temperature(tau, "tau")
+    dim = image_features.shape[-1]
+
+    def body(image: Tensor, text: Tensor) -> dict[str, Tensor]:
+        return {"loss": _symmetric_info_nce(image.reshape(-1, dim), text.reshape(-1, dim), tau)}
+
+    return _run_in_full_precision(image_features, text_features, body)["loss"]
+
+
+def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1) -> Tensor:
+    """Text-text symmetric InfoNCE between (B, L) embeddings, row b of each the positive of the other (Sec. 3.2.4)."""
+    _check_features(text_a, text_b, ndims=(2,), names=("text_a", "text_b"))
+    tau = _check_temperature(tau, "tau")
+
+    def body(a: Tensor, b: Tensor) -> dict[str, Tensor]:
+        return {"loss": _symmetric_info_nce(a, b, tau)}
+
+    return _run_in_full_precision(text_a, text_b, body)["loss"]

@@ -1,0 +1,123 @@
+"""Figures and tables of a MAGIC dataset: images per node by level, the merge log, and a drawing of a subtree."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import networkx as nx
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from cglib.magic.schema import MagicFile
+
+
+def plot_level_distributions(magic: MagicFile, size_min: int | None = None) -> Figure:
+    """One panel per level: histogram of images per node (log scale), with the size_min line."""
+    levels = list(range(1, magic.l_max + 1))
+    fig, axes = plt.subplots(1, len(levels) + 1, figsize=(3.2 * (len(levels) + 1), 3.0))
+    counts = [len(magic.nodes_at(k)) for k in levels]
+    axes[0].bar([f"l{k}" for k in levels], counts, color="C0")
+    axes[0].set(title="nodes per level", ylabel="nodes")
+    for ax, k in zip(axes[1:], levels):
+        sizes = np.array([n.n_images for n in magic.nodes_at(k)])
+        bins = np.logspace(0, np.log10(max(2, sizes.max(initial=1)) + 1), 20)
+        ax.hist(np.maximum(sizes, 1), bins=bins, color=f"C{k}")
+        ax.set_xscale("log")
+        ax.set(title=f"l{k}: {len(sizes)} nodes, median {np.median(sizes) if len(sizes) else 0:.0f}",
+               xlabel="images per node")
+        if size_min:
+            ax.axvline(size_min, color="k", ls="--", lw=1)
+    axes[1].set_ylabel("nodes")
+    fig.tight_layout()
+    return fig
+
+
+def merge_log(magic: MagicFile) -> pd.DataFrame:
+    """Merges and removals in order: level, action, node, into (merges), images, similarity, round."""
+    rows = [{"level": m.level, "action": "merge", "node": m.source, "into": m.target, "images": m.n_images,
+             "similarity": round(m.similarity, 3), "round": m.round} for m in magic.merges]
+    rows += [{"level": r.level, "action": "remove", "node": r.node, "into": "", "images": r.n_images,
+              "similarity": None if r.similarity is None else round(r.similarity, 3), "round": None,
+              "best match": r.best_match} for r in magic.removals]
+    columns = ["level", "action", "node", "into", "images", "similarity", "round", "best match"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["level", "action"], kind="stable").reset_index(drop=True)
+
+
+def subtree(magic: MagicFile, root: str, max_per_node: int = 6) -> nx.DiGraph:
+    """The nodes under `root` along primary parents (largest `max_per_node` children of each node), with
+    every edge among them (non-primary ones too, flagged)."""
+    keep, frontier = {root}, [root]
+    while frontier:
+        node = frontier.pop()
+        children = sorted(magic.children(node), key=lambda c: (-magic.nodes[c].n_images, c))[:max_per_node]
+        keep.update(children)
+        frontier += children
+    graph = nx.DiGraph()
+    for n in keep:
+        node = magic.nodes[n]
+        graph.add_node(n, level=node.level, name=node.name, n_images=node.n_images)
+    for n in keep:
+        for parent, count in magic.nodes[n].parents.items():
+            if parent in keep:
+                graph.add_edge(n, parent, count=count, primary=parent == magic.nodes[n].primary_parent)
+    return graph
+
+
+def _level_layout(magic: MagicFile, graph: nx.DiGraph, root: str) -> dict[str, tuple[float, float]]:
+    """Rows by level (root on top); each row ordered by its primary parent's position, so edges rarely cross."""
+    order = {root: 0}
+    pos = {root: (0.5, float(magic.nodes[root].level))}
+    for level in range(magic.nodes[root].level - 1, 0, -1):
+        row = sorted((n for n, lvl in graph.nodes(data="level") if lvl == level),
+                     key=lambda n: (order.get(magic.nodes[n].primary_parent, 0), -magic.nodes[n].n_images, n))
+        for k, n in enumerate(row):
+            order[n] = k
+            pos[n] = ((k + 0.5) / len(row), float(level))
+    return pos
+
+
+def draw_subtree(magic: MagicFile, root: str, max_per_node: int = 6) -> Figure:
+    """Draw a subtree level by level (root on top): edge width ~ supporting images, minority edges dashed."""
+    graph = subtree(magic, root, max_per_node)
+    pos = _level_layout(magic, graph, root)
+    widest = max(sum(1 for _, lvl in graph.nodes(data="level") if lvl == k) for k in range(1, magic.l_max + 1))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * widest), 1.6 * (magic.nodes[root].level + 1)))
+    top = max(c for _, _, c in graph.edges(data="count")) if graph.number_of_edges() else 1
+    for primary, style in ((True, "solid"), (False, "dashed")):
+        edges = [(u, v) for u, v, p in graph.edges(data="primary") if p == primary]
+        nx.draw_networkx_edges(graph, pos, edgelist=edges, ax=ax, style=style, arrows=True, arrowsize=8,
+                               width=[0.5 + 3.0 * graph.edges[e]["count"] / top for e in edges],
+                               edge_color="0.35" if primary else "C3")
+    sizes = [120 + 600 * np.sqrt(graph.nodes[n]["n_images"] / max(1, magic.nodes[root].n_images)) for n in graph]
+    colours = [f"C{graph.nodes[n]['level']}" for n in graph]
+    nx.draw_networkx_nodes(graph, pos, ax=ax, node_size=sizes, node_color=colours, alpha=0.85)
+    labels = {n: f"{graph.nodes[n]['name']}\n({graph.nodes[n]['n_images']})" for n in graph}
+    nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=8)
+    ax.set_title(f"subtree of {root} (images in brackets; dashed red: minority parent edges)")
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def generalized_examples(magic: MagicFile, n_nodes: int = 3, n_captions: int = 3) -> pd.DataFrame:
+    """Original captions beside generalized captions for the largest l1 nodes."""
+    nodes = sorted(magic.nodes_at(1), key=lambda n: (-n.n_images, n.id))[:n_nodes]
+    rows = []
+    for n in nodes:
+        originals = [c for i in magic.images_of(n.id)[:n_captions] for c in magic.images[i].captions[:1]]
+        for k in range(n_captions):
+            rows.append({"node": n.name, "original caption": originals[k] if k < len(originals) else "",
+                         "generalized caption": n.generalized_captions[k] if k < len(n.generalized_captions) else "",
+                         "fallback": n.generalized_fallback})
+    return pd.DataFrame(rows)
+
+
+def negatives_table(magic: MagicFile, level: int = 1, n_nodes: int = 10) -> pd.DataFrame:
+    """Per node of one level (largest first): its hard negatives with cosines, and fallbacks flagged."""
+    nodes = sorted(magic.nodes_at(level), key=lambda n: (-n.n_images, n.id))[:n_nodes]
+    rows = [{"node": n.name, "images": n.n_images,
+             "hard negatives": ", ".join(f"{magic.nodes[m].name} ({n.negative_similarity[m]:.2f})"
+                                         for m in n.hard_negatives),
+             "fallback negatives": ", ".join(f"{magic.nodes[m].name} ({n.negative_similarity[m]:.2f})"
+                                             for m in n.fallback_negatives)} for n in nodes]
+    return pd.DataFrame(rows)

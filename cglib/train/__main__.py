@@ -1,0 +1,56 @@
+"""`python -m cglib.train PARAMS [--run NAME ...]`: train runs of a params file; works under torchrun (DDP).
+
+    python -m cglib.train params/paper.yaml --run pairwise
+    torchrun --nproc_per_node 2 -m cglib.train params/paper.yaml --run pairwise
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from cglib.config import load_params
+from cglib.run import RunContext, open_run, seed_everything, set_threads
+from cglib.train.distributed import init_distributed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, join the process group (under torchrun), train, print the summaries' key figures."""
+    parser = argparse.ArgumentParser(prog="python -m cglib.train", description=__doc__.splitlines()[0])
+    parser.add_argument("params", type=Path, help="params YAML file (e.g. params/demo.yaml)")
+    parser.add_argument("--run", action="append", dest="runs", metavar="NAME",
+                        help="a train.runs name (repeatable); default: every run")
+    parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default outputs/<run.name>)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (batch jobs)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        run = open_run(args.params, args.run_dir)
+    else:  # other ranks read the same params without rewriting the run folder's params.yaml
+        params = load_params(args.params)
+        run = RunContext(params=params, dir=args.run_dir or params.run_dir(), params_path=args.params)
+        seed_everything(params.run.seed)
+        set_threads(params.run.threads)
+    info = init_distributed(run.device())
+    from cglib.train.loop import train_all
+
+    summaries = train_all(run, args.runs, progress=not args.no_progress, info=info)
+    if info.is_main:
+        for name, s in summaries.items():
+            print(json.dumps({"run": name, "steps": s["steps"], "final_loss": s["final_loss"],
+                              "images_per_s": s["images_per_s"], "wall_time_s": s["wall_time_s"]}))
+    if info.distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Attention maps of open_clip ViT image towers: class-token attention, rollout, text-conditioned patch maps.
+
+open_clip's `ResidualAttentionBlock` calls `nn.MultiheadAttention(..., need_weights=False)`, so the weights are
+never materialised. We recompute them: a forward hook on each block's `ln_1` sees the normalised tokens the
+attention reads; `softmax(q k^T / sqrt(d_head))` per head follows from the block's `in_proj_weight`. Hooks only
+read, so the model's outputs are bit-identical with and without extraction (tested with `torch.equal`).
+
+- Class-token attention: row 0 of each layer's per-head matrix, over the patch tokens.
+- Attention rollout (Abnar & Zuidema 2020): average heads, add the identity (the residual path), renormalise
+  rows, multiply across layers (`R = A'_L ... A'_1`); rows stay on the simplex.
+- Text-conditioned map: every final patch token goes through `ln_post` and `proj` exactly as the class token
+  does, and its cosine with a caption or concept embedding is drawn over the image.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
+
+from cglib.evaluate.embeddings import encode_texts_trimmed
+from cglib.magic.schema import MagicFile
+from cglib.models import ClipModel, pixels_to_tensor
+
+MAP_CMAP = "viridis"  # perceptually uniform and colour-blind safe
+
+
+@dataclass
+class AttentionMaps:
+    """What one ViT forward pass reveals about a batch of images."""
+
+    attentions: torch.Tensor  # (layers, n, heads, tokens, tokens); token 0 is the class token; rows sum to one
+    patch_embeddings: torch.Tensor  # (n, patches, D): final patch tokens through ln_post and proj (not normalised)
+    image_embeddings: torch.Tensor  # (n, D): the tower's own output (not normalised)
+    class_embeddings: torch.Tensor  # (n, D): the final class token through ln_post and proj, as the patches are
+    grid: tuple[int, int]  # patch grid (rows, cols)
+
+    @property
+    def n_layers(self) -> int:
+        return self.attentions.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.attentions.shape[2]
+
+    def cls_attention(self) -> torch.Tensor:
+        """Class-token attention over patches per layer and head, as maps: (layers, n, heads, rows, cols)."""
+        a = self.attentions[..., 0, 1:]
+        return a.reshape(*a.shape[:-1], *self.grid)
+
+    def rollout(self) -> torch.Tensor:
+        """Class-token row of the attention rollout over patches, as maps: (n, rows, cols)."""
+        r = attention_rollout(self.attentions)[:, 0, 1:]
+        return r.reshape(r.shape[0], *self.grid)
+
+    def text_maps(self, text_embeddings: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Cosine of every patch with one text embedding per image ((n, D) or (D,)): (n, rows, cols)."""
+        t = torch.as_tensor(np.asarray(text_embeddings), dtype=self.patch_embeddings.dtype)
+        t = t.expand(self.patch_embeddings.shape[0], -1) if t.ndim == 1 else t
+        if t.shape != (self.patch_embeddings.shape[0], self.patch_embeddings.shape[-1]):
+            raise ValueError(f"text embeddings of shape {tuple(t.shape)} do not fit {self.patch_embeddings.shape[0]} "
+                             f"images of dimension {self.patch_embeddings.shape[-1]}; pass (n, D) or (D,)")
+        cos = torch.einsum("npd,nd->np", F.normalize(self.patch_embeddings, dim=-1), F.normalize(t, dim=-1))
+        return cos.reshape(cos.shape[0], *self.grid)
+
+
+def vision_transformer(bundle: ClipModel) -> VisionTransformer:
+    """The model's open_clip ViT image tower; a clear error for towers whose attention we cannot read."""
+    visual = bundle.model.visual
+    if not isinstance(visual, VisionTransformer):
+        raise TypeError(f"attention maps need an open_clip VisionTransformer image tower; {bundle.name} has "
+                         f"{type(visual).__name__} (use a ViT architecture such as ViT-B-32 or cglib-demo-vit)")
+    if visual.attn_pool is not None:
+        raise ValueError(f"{bundle.name} pools with an attentional pooler (CoCa-style), so the class token is not "
+                         "its embedding and patch projections are not comparable; use a plain ViT")
+    for i, block in enumerate(visual.transformer.resblocks):
+        if not isinstance(block, ResidualAttentionBlock) or not block.attn._qkv_same_embed_dim:
+            raise ValueError(f"block {i} of {bundle.name} is {type(block).__name__}; attention extraction supports "
+                             "open_clip's default ResidualAttentionBlock (no qk-norm or scaled-cosine attention)")
+    return visual
+
+
+def head_attention(mha: torch.nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
+    """Per-head self-attention weights of `mha` on batch-first input x (n, L, D): (n, heads, L, L)."""
+    d, h = mha.embed_dim, mha.num_heads
+    hd = d // h
+    w, b = mha.in_proj_weight, mha.in_proj_bias
+    q = F.linear(x, w[:d], None if b is None else b[:d])
+    k = F.linear(x, w[d:2 * d], None if b is None else b[d:2 * d])
+    n, length = x.shape[:2]
+    q = q.view(n, length, h, hd).transpose(1, 2)
+    k = k.view(n, length, h, hd).transpose(1, 2)
+    return torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(hd), dim=-1)
+
+
+def attention_rollout(attentions: torch.Tensor) -> torch.Tensor:
+    """Abnar & Zuidema rollout of (layers, n, heads, L, L) attention: heads averaged, identity added, rows
+    renormalised, layers multiplied first to last; returns (n, L, L) with rows summing to one."""
+    a = attentions.mean(dim=2)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    a = a + eye
+    a = a / a.sum(dim=-1, keepdim=True)
+    rollout = eye.expand_as(a[0]).clone()
+    for layer in a:
+        rollout = layer @ rollout
+    return rollout
+
+
+class _Recorder:
+    """Forward hooks that read (never modify) each block's ln_1 output and the transformer's final tokens."""
+
+    def __init__(self, visual: VisionTransformer) -> None:
+        self.visual = visual
+        self.batch_first = getattr(visual.transformer, "batch_first", True)
+        self.layers: list[torch.Tensor] = []
+        self.final: torch.Tensor | None = None
+        self.handles: list = []
+
+    def _ln1_hook(self, mha: torch.nn.MultiheadAttention):
+        def hook(_module, _inputs, out):  # ln_1's output is exactly what the block's attention reads
+            tokens = out if self.batch_first else out.transpose(0, 1)
+            self.layers.append(head_attention(mha, tokens).float().cpu())
+        return hook
+
+    def _final_hook(self, _module, _inputs, out) -> None:
+        self.final = out  # open_clip's Transformer returns batch-first tokens whatever its internal layout
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The tower's output on x, recording on the way; hooks are removed whatever happens."""
+        for block in self.visual.transformer.resblocks:
+            self.handles.append(block.ln_1.register_forward_hook(self._ln1_hook(block.attn)))
+        self.handles.append(self.visual.transformer.register_forward_hook(self._final_hook))
+        try:
+            out = self.visual(x)
+        finally:
+            for handle in self.handles:
+                handle.remove()
+        return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def extract_attention(bundle: ClipModel, pixels: np.ndarray | torch.Tensor, batch_size: int = 64) -> AttentionMaps:
+    """Run the image tower (eval mode) on uint8 (n, H, W, 3) images (or an already normalised (n, 3, S, S)
+    tensor) and read its attention through hooks that leave every output unchanged."""
+    visual = vision_transformer(bundle)
+    x_all = pixels if isinstance(pixels, torch.Tensor) and pixels.dtype != torch.uint8 else pixels_to_tensor(
+        np.asarray(pixels), bundle)
+    was_training = bundle.model.training
+    bundle.model.eval()  # also disables patch dropout, which would otherwise drop tokens at random
+    attn, patch, cls, outs = [], [], [], []
+    try:
+        for start in range(0, len(x_all), batch_size):
+            rec = _Recorder(visual)
+            out = rec.run(x_all[start:start + batch_size].to(bundle.device))
+            tokens = visual.ln_post(rec.final)
+            tokens = tokens @ visual.proj if visual.proj is not None else tokens
+            attn.append(torch.stack(rec.layers))
+            patch.append(tokens[:, 1:].float().cpu())
+            cls.append(tokens[:, 0].float().cpu())
+            outs.append(out.float().cpu())
+    finally:
+        bundle.model.train(was_training)
+    grid = tuple(int(g) for g in visual.grid_size)
+    return AttentionMaps(attentions=torch.cat(attn, dim=1), patch_embeddings=torch.cat(patch),
+                         image_embeddings=torch.cat(outs), class_embeddings=torch.cat(cls), grid=grid)
+
+
+# ------------------------------------------------------------------------------------------ choosing
+def choose_attention_images(magic: MagicFile, n: int, split: str = "test") -> list[str]:
+    """`n` images of `split` from l1 groups spread evenly over the sorted group list (first image of each)."""
+    groups = magic.groups(split)
+    if n <= 0 or not groups:
+        return []
+    picks = np.linspace(0, len(groups) - 1, num=min(n, len(groups))).round().astype(int)
+    return [magic.images_of(groups[i], split)[0] for i in dict.fromkeys(picks.tolist())]
+
+
+# ----------------------------------------------------------------------------------------- drawing
+def overlay(ax: plt.Axes, image: np.ndarray, heat: np.ndarray | torch.Tensor, alpha: float = 0.55,
+            title: str | None = None) -> None:
+    """Draw a patch-grid heat map (min-max scaled) over an image, smoothly upsampled to the image's extent."""
+    heat = np.asarray(heat, dtype=np.float32)
+    span = float(heat.max() - heat.min())
+    scaled = (heat - heat.min()) / span if span > 0 else np.zeros_like(heat)
+    h, w = image.shape[:2]
+    ax.imshow(image, extent=(0, w, h, 0))
+    ax.imshow(scaled, cmap=MAP_CMAP, alpha=alpha, extent=(0, w, h, 0), interpolation="bilinear", vmin=0, vmax=1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=9)
+
+
+def plot_attention_grid(bundle: ClipModel, pixels: np.ndarray, chains: Sequence[Sequence[str]],
+                        image_ids: Sequence[str] | None = None, title: str | None = None) -> Figure:
+    """Rows: images; columns: the image, attention rollout, then the text-conditioned map of each concept
+    name of its chain (l1..l_max). Maps are min-max scaled per panel; the cosine range is printed below."""
+    if len(pixels) != len(chains):
+        raise ValueError(f"{len(pixels)} images but {len(chains)} chains; give one concept chain per image")
+    maps = extract_attention(bundle, pixels)
+    rollout = maps.rollout().numpy()
+    levels = max((len(c) for c in chains), default=0)
+    names = sorted({name for chain in chains for name in chain})
+    name_emb = dict(zip(names, encode_texts_trimmed(bundle, names))) if names else {}
+    cols = 2 + levels
+    fig, axes = plt.subplots(len(pixels), cols, figsize=(1.9 * cols, 2.1 * len(pixels)), squeeze=False)
+    for row, (image, chain) in enumerate(zip(pixels, chains)):
+        label = image_ids[row] if image_ids is not None else f"image {row}"
+        axes[row, 0].imshow(image)
+        axes[row, 0].set_xticks([])
+        axes[row, 0].set_yticks([])
+        axes[row, 0].set_title(label, fontsize=8)
+        overlay(axes[row, 1], image, rollout[row], title="rollout")
+        for level in range(levels):
+            ax = axes[row, 2 + level]
+            if level >= len(chain):
+                ax.axis("off")
+                continue
+            heat = maps.text_maps(name_emb[chain[level]])[row].numpy()
+            overlay(ax, image, heat, title=f"l{level + 1}: {chain[level]}")
+            ax.set_xlabel(f"cos {heat.min():.2f}..{heat.max():.2f}", fontsize=7)
+    fig.suptitle(title or f"{bundle.name}: attention rollout and text-conditioned patch similarity", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_heads(bundle: ClipModel, image: np.ndarray, title: str | None = None) -> Figure:
+    """Class-token attention of one image for every layer (rows) and head (columns), plus the head mean."""
+    maps = extract_attention(bundle, image[None])
+    cls = maps.cls_attention()[:, 0].numpy()  # (layers, heads, rows, cols)
+    layers, heads = cls.shape[:2]
+    fig, axes = plt.subplots(layers, heads + 1, figsize=(max(5.5, 1.5 * (heads + 1)), 1.5 * layers + 0.7),
+                             squeeze=False)
+    for layer in range(layers):
+        for head in range(heads + 1):
+            heat = cls[layer].mean(0) if head == heads else cls[layer, head]
+            overlay(axes[layer, head], image, heat, title=None)
+            if layer == 0:
+                axes[layer, head].set_title("mean" if head == heads else f"head {head}", fontsize=8)
+        axes[layer, 0].set_ylabel(f"layer {layer}", fontsize=8)
+    fig.suptitle(title or f"{bundle.name}: class-token attention per layer and head", fontsize=10)
+    fig.tight_layout()
+    return fig

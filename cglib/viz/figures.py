@@ -1,0 +1,430 @@
+"""Every figure of a run, rebuilt from its saved results and checkpoints (no retraining): `cglib figures RUN_DIR`.
+
+`VizRun` loads what the figures read from `outputs/<run>/` lazily and once (params, magic.json, captions, test
+pixels, models, embeddings, UMAP panels). The figure functions below take a `VizRun` and return a matplotlib
+figure; notebook 07 and `regenerate_figures` call the same functions. A figure whose inputs do not exist yet
+(a partial run) is skipped with its reason printed and counted; figures are written to `figures/` as
+`viz.formats` (PNG and PDF by default) in the project style (`cglib.viz.style`), with `figures/manifest.json`
+listing what was written and skipped, with provenance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from cglib.config import Params, load_params
+from cglib.data.dataset import CaptionDataset
+from cglib.magic.schema import MagicFile, load_magic
+from cglib.models import ClipModel
+from cglib.run import RunContext, provenance, write_json
+from cglib.train import ZERO_SHOT
+from cglib.viz.umap_centroids import GroupEmbeddings, UmapPanel
+
+if TYPE_CHECKING:
+    from cglib.viz.explorer import ConceptExplorer
+
+MANIFEST = "manifest.json"
+DUAL_EFFECT_TABLE = "07_dual_effect_measured.csv"
+
+
+class MissingInput(FileNotFoundError):
+    """A figure's input does not exist yet (the stage that writes it has not run): the figure is skipped."""
+
+
+def _require(path: Path, produced_by: str) -> Path:
+    if not path.exists():
+        raise MissingInput(f"{path} does not exist (written by {produced_by})")
+    return path
+
+
+@dataclass
+class VizRun:
+    """A run directory's inputs to the figures, loaded on first use and kept."""
+
+    dir: Path
+    params: Params
+    device: str = "cpu"
+    progress: bool = True
+    missing_models: dict[str, str] = field(default_factory=dict)  # model name -> why it could not be loaded
+    embedding_sources: dict[str, str] = field(default_factory=dict)  # model -> evaluation cache / viz cache / computed
+    _models: dict[str, ClipModel] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, run_dir: str | Path, progress: bool = True) -> VizRun:
+        """Read `run_dir/params.yaml` (input paths are not checked: figures read only the run's own files)."""
+        run_dir = Path(run_dir)
+        params = load_params(_require(run_dir / "params.yaml", "open_run / any notebook"), check_paths=False)
+        return cls(dir=run_dir, params=params, device=_device(params), progress=progress)
+
+    @classmethod
+    def from_context(cls, run: RunContext, progress: bool = True) -> VizRun:
+        """The same inputs for a notebook's open run."""
+        return cls(dir=run.dir, params=run.params, device=run.device(), progress=progress)
+
+    # -------------------------------------------------------------------------------------- data
+    @cached_property
+    def magic(self) -> MagicFile:
+        return load_magic(_require(self.dir / "magic" / "magic.json", "03_magic_dag"))
+
+    @cached_property
+    def dataset(self) -> CaptionDataset:
+        return CaptionDataset.load(_require(self.dir / "captions" / "dataset.json", "01_captions").parent)
+
+    @cached_property
+    def _test_pixels(self) -> tuple[list[str], np.ndarray]:
+        """Readable test images (sorted ids) and their uint8 pixels; unreadable ones are counted and reported."""
+        ids = self.magic.split_ids("test")
+        known = set(self.dataset.image_ids)
+        present = [i for i in ids if i in known]
+        if len(present) < len(ids):
+            print(f"{len(ids) - len(present)} test images of magic.json are not in the captions dataset; left out")
+        if self.dataset.pixels is not None:
+            return present, self.dataset.subset(present).pixels
+        from cglib.data.image_cache import build_image_cache
+
+        # The same cache as evaluation's (same subset, size and folder), so it is decoded once per run.
+        cache = build_image_cache(self.dataset.subset(present), self.params.data.image_cache_size,
+                                  self.dir / "cache" / "images", progress=self.progress)
+        readable = [i for i in present if i in cache]
+        if len(readable) < len(present):
+            print(f"{len(present) - len(readable)} test images are unreadable and left out: {dict(cache.skipped)}")
+        return readable, cache.get(readable)
+
+    @cached_property
+    def _image_source(self) -> str:
+        """Content fingerprint of the test pixels (files: path, size, mtime; in-memory: the bytes)."""
+        from cglib.evaluate.embeddings import pixel_fingerprint
+
+        if self.dataset.image_files is not None:
+            return pixel_fingerprint(files=[self.dataset.image_files[i] for i in self.test_ids])
+        return pixel_fingerprint(pixels=self.test_pixels)
+
+    @property
+    def test_ids(self) -> list[str]:
+        return self._test_pixels[0]
+
+    @property
+    def test_pixels(self) -> np.ndarray:
+        return self._test_pixels[1]
+
+    def pixels_of(self, image_ids: Sequence[str]) -> np.ndarray:
+        """uint8 pixels of some test images."""
+        row = {image_id: r for r, image_id in enumerate(self.test_ids)}
+        return self.test_pixels[[row[i] for i in image_ids]]
+
+    # ------------------------------------------------------------------------------------ models
+    @property
+    def model_names(self) -> list[str]:
+        return [ZERO_SHOT] + [r.name for r in self.params.train.runs]
+
+    def models(self) -> dict[str, ClipModel]:
+        """Every model with a checkpoint (zero-shot first); the others are listed in `missing_models`."""
+        from cglib.train import load_trained
+
+        for name in self.model_names:
+            if name in self._models or name in self.missing_models:
+                continue
+            try:
+                self._models[name] = load_trained(self.params, self.dir, name, device=self.device)
+            except FileNotFoundError as exc:
+                self.missing_models[name] = str(exc)
+        found = {name: self._models[name] for name in self.model_names if name in self._models}
+        if not found:
+            raise MissingInput(f"no model checkpoint under {self.dir / 'training'} (written by 05_training)")
+        return found
+
+    @cached_property
+    def embeddings(self) -> list[GroupEmbeddings]:
+        """Test-image and text embeddings of every available model (texts: `viz.umap_texts`)."""
+        from cglib.evaluate.embeddings import EmbeddingStore
+        from cglib.viz.umap_centroids import embed_groups
+
+        store = EmbeddingStore(self.dir / "cache" / "embeddings", batch_size=self.params.eval.batch_size)
+        out = []
+        for name, bundle in self.models().items():
+            emb = self._from_evaluation_cache(name, bundle)
+            if emb is None:
+                emb = embed_groups(bundle, name, self.magic, self.test_ids, self.test_pixels, store,
+                                   text_source=self.params.viz.umap_texts, image_source=self._image_source)
+                self.embedding_sources[name] = "viz cache" if not store.computed[
+                    f"{name}.viz-{self.params.viz.umap_texts}"] else "computed"
+            out.append(emb)
+        return out
+
+    def _from_evaluation_cache(self, name: str, bundle: ClipModel) -> GroupEmbeddings | None:
+        """The model's embeddings from evaluation's cache when it holds exactly our test images and all our texts
+        (its keys still verify the weights, ids, pixels and strings); None otherwise."""
+        from cglib.evaluate.embeddings import EmbeddingStore
+        from cglib.viz.umap_centroids import group_texts
+
+        store = EmbeddingStore(self.dir / "evaluation" / "embeddings", batch_size=self.params.eval.batch_size)
+        path = store.path(name, "magic")
+        if not path.is_file():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as cached:
+                ids, texts = cached["image_ids"].tolist(), cached["texts"].tolist()
+        except (OSError, KeyError, ValueError):
+            return None
+        needed, groups = group_texts(self.magic, self.test_ids, self.params.viz.umap_texts)
+        if ids != self.test_ids or not set(needed) <= set(texts):
+            return None
+        # Evaluation's own ids, strings and tower fingerprints give evaluation's own keys: a valid cache is read
+        # as is; a stale one is recomputed into exactly what evaluation itself would write (no key thrashing).
+        from cglib.evaluate.pipeline import model_fingerprints
+
+        fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name)
+        if fingerprints is None:
+            return None
+        emb = store.embed(name, "magic", lambda: bundle, ids, self._image_source, lambda: self.test_pixels, texts,
+                          fingerprints)
+        self.embedding_sources[name] = "evaluation cache" if not store.computed[f"{name}.magic"] else "computed"
+        return GroupEmbeddings(model=name, images=emb.images, image_groups=[self.magic.images[i].node for i in ids],
+                               texts=emb.text(needed), text_groups=groups, image_ids=ids)
+
+    @cached_property
+    def umap_panels(self) -> list[UmapPanel]:
+        """UMAP panels of every model (same seed), image and text centroids."""
+        from cglib.viz.umap_centroids import configure_numba_cache, umap_panels
+
+        configure_numba_cache(self.params.viz.numba_cache_dir)
+        v = self.params.viz
+        return umap_panels(self.embeddings, seed=v.umap_seed, n_neighbors=v.umap_neighbors,
+                           trust_neighbors=v.trust_neighbors)
+
+    @cached_property
+    def dual_effect(self) -> pd.DataFrame:
+        """Within-group spread and between-centroid distance per model, modality and level."""
+        from cglib.viz.umap_centroids import dual_effect_table
+
+        return dual_effect_table(self.embeddings, self.magic)
+
+    def attention_image_ids(self) -> list[str]:
+        """The `viz.attention_images` test images of the attention grids (groups spread evenly)."""
+        from cglib.viz.attention import choose_attention_images
+
+        readable = set(self.test_ids)
+        return [i for i in choose_attention_images(self.magic, self.params.viz.attention_images) if i in readable]
+
+    def save(self, fig: Figure, stem: str, formats: Sequence[str] | None = None) -> list[Path]:
+        """Save a figure under `figures/` in `viz.formats` at `viz.dpi`."""
+        from cglib.viz.style import save_figure
+
+        return save_figure(fig, self.dir / "figures", stem, formats=formats or self.params.viz.formats,
+                           dpi=self.params.viz.dpi)
+
+
+def _device(params: Params) -> str:
+    import torch
+
+    if params.run.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return params.run.device
+
+
+# ------------------------------------------------------------------------------------------ figures
+def umap_figure(vr: VizRun) -> Figure:
+    """UMAP of l1 centroids per model (rows image/text), coloured by the `viz.color_level` ancestor."""
+    from cglib.viz.umap_centroids import plot_umap_panels
+
+    return plot_umap_panels(vr.umap_panels, vr.magic, color_level=vr.params.viz.color_level,
+                            label_max=vr.params.viz.label_max)
+
+
+def dual_effect_figure(vr: VizRun) -> Figure:
+    """Measured dual effect: within-group spread vs between-centroid distance per model."""
+    from cglib.viz.umap_centroids import plot_measured_dual_effect
+
+    return plot_measured_dual_effect(vr.dual_effect, level=1)
+
+
+def attention_grid_figure(vr: VizRun, model: str) -> Figure:
+    """Rollout and text-conditioned maps (l1..l_max concept names) of the chosen test images, one model."""
+    from cglib.viz.attention import plot_attention_grid, vision_transformer
+
+    bundle = vr.models()[model]
+    vision_transformer(bundle)  # a clear error for non-ViT towers before any work
+    ids = vr.attention_image_ids()
+    if not ids:
+        raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
+    return plot_attention_grid(bundle, vr.pixels_of(ids), [vr.magic.chain_names(i) for i in ids], ids,
+                               title=f"{model}: attention rollout and text-conditioned maps")
+
+
+def attention_heads_figure(vr: VizRun, model: str) -> Figure:
+    """Class-token attention per layer and head of the first attention image, one model."""
+    from cglib.viz.attention import plot_attention_heads
+
+    ids = vr.attention_image_ids()
+    if not ids:
+        raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
+    return plot_attention_heads(vr.models()[model], vr.pixels_of(ids[:1])[0],
+                                title=f"{model}: class-token attention of {ids[0]} per layer and head")
+
+
+def accuracy_figure(vr: VizRun) -> Figure:
+    """Fig. 4: retrieval accuracy by abstraction level, from `evaluation/metrics.csv`."""
+    metrics = pd.read_csv(_require(vr.dir / "evaluation" / "metrics.csv", "06_evaluation"))
+    from cglib.viz.eval_figures import plot_accuracy_by_level
+
+    return plot_accuracy_by_level(metrics)
+
+
+def loss_curves_figure(vr: VizRun) -> Figure:
+    """Training loss curves of every run, from the training logs."""
+    _require(vr.dir / "training", "05_training")
+    from cglib.viz.training_figures import plot_loss_curves
+
+    return plot_loss_curves(vr.dir)
+
+
+def caption_lengths_figure(vr: VizRun) -> Figure:
+    """Notebook 01: caption lengths of the run's captions dataset."""
+    from cglib.viz.data_figures import caption_length_figure
+
+    return caption_length_figure(vr.dataset)
+
+
+def image_grid_figure(vr: VizRun) -> Figure:
+    """Notebook 01: random images with a caption (and the ground-truth l1 concept of a synthetic run)."""
+    from cglib.data.dataset import load_ground_truth
+    from cglib.viz.data_figures import image_grid
+
+    return image_grid(vr.dataset, n=12, columns=4, seed=vr.params.run.seed,
+                      ground_truth=load_ground_truth(vr.dir / "captions"))
+
+
+def taxonomy_figure(vr: VizRun) -> Figure:
+    """Notebook 01: the synthetic world's shipped taxonomy (runs with ground-truth chains only)."""
+    from cglib.data.taxonomy import load_taxonomy
+    from cglib.viz.data_figures import taxonomy_figure as draw
+
+    _require(vr.dir / "captions" / "ground_truth.json", "01_captions, for the synthetic world only")
+    return draw(load_taxonomy())
+
+
+def run_explorer(vr: VizRun) -> ConceptExplorer:
+    """The concept explorer over the run's models and test images (reusing the computed image embeddings)."""
+    from cglib.viz.explorer import build_explorer
+
+    return build_explorer(vr.models(), vr.magic, vr.test_ids, vr.test_pixels, top_k=vr.params.viz.explorer_top_k,
+                          image_embeddings={e.model: e.images for e in vr.embeddings})
+
+
+def save_dual_effect_table(vr: VizRun) -> Path:
+    """Write the measured dual-effect table as CSV beside the figures."""
+    path = vr.dir / "figures" / DUAL_EFFECT_TABLE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    vr.dual_effect.to_csv(path, index=False)
+    return path
+
+
+# File stems follow the notebooks' `NN_name` convention, so a regeneration overwrites the notebooks' own files.
+STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid", "taxonomy": "01_taxonomy",
+         "loss_curves": "05_loss_curves", "accuracy": "06_fig4_accuracy_by_level",
+         "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
+         "attention_grid": "07_attention_grid_{model}", "attention_heads": "07_attention_heads_{model}"}
+
+
+def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
+    """(file stem, builder) of every figure of the run, in a fixed order."""
+    jobs: list[tuple[str, Callable[[], Figure]]] = [
+        (STEMS["caption_lengths"], lambda: caption_lengths_figure(vr)),
+        (STEMS["image_grid"], lambda: image_grid_figure(vr)),
+        (STEMS["taxonomy"], lambda: taxonomy_figure(vr)),
+        (STEMS["loss_curves"], lambda: loss_curves_figure(vr)),
+        (STEMS["accuracy"], lambda: accuracy_figure(vr)),
+        (STEMS["umap"], lambda: umap_figure(vr)),
+        (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
+    ]
+    for name in vr.model_names:
+        jobs.append((STEMS["attention_grid"].format(model=name),
+                     lambda name=name: _for_model(vr, name, attention_grid_figure)))
+        jobs.append((STEMS["attention_heads"].format(model=name),
+                     lambda name=name: _for_model(vr, name, attention_heads_figure)))
+    return jobs
+
+
+def _for_model(vr: VizRun, name: str, build: Callable[[VizRun, str], Figure]) -> Figure:
+    if name not in vr.models():
+        raise MissingInput(vr.missing_models.get(name, f"model {name} has no checkpoint"))
+    return build(vr, name)
+
+
+# ------------------------------------------------------------------------------------- regeneration
+@dataclass
+class FigureReport:
+    """What a regeneration wrote, skipped (missing inputs) and failed on (anything else)."""
+
+    written: list[Path] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class FigureFailures(RuntimeError):
+    """Some figures failed for a reason other than a missing input; the others were still written."""
+
+
+def build_figures(run_dir: str | Path, formats: Sequence[str] | None = None, progress: bool = True) -> FigureReport:
+    """Rebuild every figure of a run that its saved inputs allow; return what was written, skipped, failed."""
+    import matplotlib.pyplot as plt
+
+    from cglib.viz.style import apply_style
+
+    vr = VizRun.open(run_dir, progress=progress)
+    apply_style()
+    report = FigureReport()
+    jobs = figure_jobs(vr)
+    for stem, build in jobs:
+        start = time.perf_counter()
+        try:
+            fig = build()
+        except FileNotFoundError as exc:  # MissingInput, or a loader's own "not found": a partial run
+            report.skipped[stem] = str(exc)
+            _say(progress, f"skipped {stem}: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - one broken figure must not stop the others; reported below
+            report.failed[stem] = f"{type(exc).__name__}: {exc}"
+            _say(progress, f"FAILED {stem}: {type(exc).__name__}: {exc}")
+            continue
+        report.written += vr.save(fig, stem, formats)
+        plt.close(fig)
+        report.seconds[stem] = round(time.perf_counter() - start, 2)
+        _say(progress, f"wrote {stem} ({report.seconds[stem]:.1f} s)")
+        if stem == STEMS["dual_effect"]:
+            report.written.append(save_dual_effect_table(vr))
+    write_json(vr.dir / "figures" / MANIFEST, {
+        "written": [str(p.relative_to(vr.dir)) for p in report.written], "skipped": report.skipped,
+        "failed": report.failed, "seconds": report.seconds, "missing_models": vr.missing_models,
+        "provenance": provenance(vr.params)})
+    n_figures = len(jobs) - len(report.skipped) - len(report.failed)
+    _say(progress, f"{n_figures} figures written ({len(report.written)} files), {len(report.skipped)} skipped "
+                   f"(missing inputs), {len(report.failed)} failed")
+    return report
+
+
+def regenerate_figures(run_dir: str | Path, formats: Sequence[str] | None = None, progress: bool = True) -> list[Path]:
+    """Rebuild every figure of a run from saved results and checkpoints; skipped figures are printed and
+    counted; raise FigureFailures (after writing all others) when a figure fails for another reason."""
+    report = build_figures(run_dir, formats=formats, progress=progress)
+    if report.failed:
+        lines = "\n".join(f"  {stem}: {why}" for stem, why in report.failed.items())
+        raise FigureFailures(f"{len(report.failed)} figures failed ({len(report.written)} files were written):\n"
+                             f"{lines}")
+    return report.written
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, flush=True)
+

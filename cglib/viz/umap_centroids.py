@@ -1,0 +1,342 @@
+"""UMAP of l1 group centroids and the measured dual effect (paper Fig. 2) on real embeddings.
+
+Inputs are test-split images and texts only. Texts are, by default, the test images' own original captions
+(`viz.umap_texts: captions`); `generalized` uses the l1 nodes' generalized captions instead (one set per group,
+not split-specific: the training stage may have seen them). A group's centroid is the mean of its unit
+embeddings, renormalised, so cosine geometry is kept throughout.
+
+Image and text centroids get separate maps (the modality gap would split a joint map into two blobs). Panels
+share one UMAP seed (`viz.umap_seed`) and each is rotated onto the first model's by orthogonal Procrustes (a
+similarity transform, so neighbourhoods and trustworthiness are unchanged), which makes panels comparable by eye.
+UMAP with `random_state` is single-threaded and its first call compiles numba code: `configure_numba_cache`
+points numba's on-disk cache at `~/.cache/cglib/numba` (or `NUMBA_CACHE_DIR`, or `viz.numba_cache_dir`) so later
+processes reuse what can be cached; umap's parallel kernels are not cacheable and compile in every new process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
+from cglib.magic.schema import MagicFile
+from cglib.models import ClipModel
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def configure_numba_cache(directory: str | Path | None = None) -> Path:
+    """Point numba's compile cache at `directory` (default: $NUMBA_CACHE_DIR, else ~/.cache/cglib/numba)."""
+    if directory is None:
+        directory = os.environ.get("NUMBA_CACHE_DIR") or Path(
+            os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cglib" / "numba"
+    path = Path(directory).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["NUMBA_CACHE_DIR"] = str(path)
+    import sys
+
+    if "numba" in sys.modules:  # numba reads the variable at import; set the live config as well
+        import numba
+
+        numba.config.CACHE_DIR = str(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------- embeddings
+@dataclass
+class GroupEmbeddings:
+    """Unit embeddings of one model's test images and texts, with the l1 group of every row."""
+
+    model: str
+    images: np.ndarray  # (n, D)
+    image_groups: list[str]
+    texts: np.ndarray  # (m, D)
+    text_groups: list[str]
+    image_ids: list[str] = field(default_factory=list)
+
+    def of(self, modality: str) -> tuple[np.ndarray, list[str]]:
+        """(embeddings, l1 group per row) of 'image' or 'text'."""
+        if modality == "image":
+            return self.images, self.image_groups
+        if modality == "text":
+            return self.texts, self.text_groups
+        raise ValueError(f"modality must be 'image' or 'text', got {modality!r}")
+
+
+def group_texts(magic: MagicFile, image_ids: Sequence[str], text_source: str) -> tuple[list[str], list[str]]:
+    """(texts, l1 group per text): the images' original captions, or their groups' generalized captions."""
+    texts, groups = [], []
+    if text_source == "captions":
+        for image_id in image_ids:
+            record = magic.images[image_id]
+            texts += record.captions
+            groups += [record.node] * len(record.captions)
+    elif text_source == "generalized":
+        for node in dict.fromkeys(magic.images[i].node for i in image_ids):
+            captions = magic.nodes[node].generalized_captions
+            texts += captions
+            groups += [node] * len(captions)
+    else:
+        raise ValueError(f"text_source must be 'captions' or 'generalized', got {text_source!r}")
+    return texts, groups
+
+
+def embed_groups(bundle: ClipModel, name: str, magic: MagicFile, image_ids: Sequence[str], pixels: np.ndarray,
+                 store: EmbeddingStore, text_source: str = "captions", image_source: str | None = None
+                 ) -> GroupEmbeddings:
+    """Encode images (uint8 rows of `pixels`, aligned with `image_ids`) and their texts with one model.
+
+    Embeddings go through evaluation's `EmbeddingStore` (domain `viz-<text_source>`): cached on disk under keys
+    that hash the towers' weights, the image ids and pixels, and the strings, so a rerun (the notebook, then
+    `cglib figures`) computes nothing, and models sharing a frozen text tower encode the texts once.
+    `image_source` fingerprints the pixels (default: their bytes)."""
+    if len(pixels) != len(image_ids):
+        raise ValueError(f"{len(pixels)} pixel rows for {len(image_ids)} image ids; pass them aligned")
+    texts, text_groups = group_texts(magic, image_ids, text_source)
+    source = image_source or pixel_fingerprint(pixels=pixels)
+    emb = store.embed(name, f"viz-{text_source}", lambda: bundle, list(image_ids), source, lambda: pixels, texts)
+    return GroupEmbeddings(model=name, images=emb.images, image_groups=[magic.images[i].node for i in image_ids],
+                           texts=emb.text(texts), text_groups=text_groups, image_ids=list(image_ids))
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def group_centroids(embeddings: np.ndarray, groups: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """(sorted group ids, renormalised mean embedding per group)."""
+    names = sorted(set(groups))
+    index = {g: k for k, g in enumerate(names)}
+    rows = np.array([index[g] for g in groups])
+    sums = np.zeros((len(names), embeddings.shape[1]), dtype=np.float64)
+    np.add.at(sums, rows, embeddings)
+    return names, _unit(sums).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------ UMAP
+def umap_layout(points: np.ndarray, seed: int, n_neighbors: int = 15) -> np.ndarray:
+    """2-d UMAP (cosine metric, fixed random_state: single-threaded and reproducible) of (n, D) points."""
+    n = len(points)
+    if n < 4:
+        raise ValueError(f"UMAP needs at least 4 points, got {n}; there are too few test groups to draw")
+    configure_numba_cache(os.environ.get("NUMBA_CACHE_DIR"))
+    import umap
+
+    reducer = umap.UMAP(n_components=2, n_neighbors=max(2, min(n_neighbors, n - 1)), metric="cosine",
+                        random_state=seed, init="spectral" if n > 10 else "random")
+    with warnings.catch_warnings():
+        # umap warns that random_state disables parallelism: that is the reproducibility we asked for
+        warnings.filterwarnings("ignore", message=".*n_jobs value 1 overridden.*")
+        warnings.filterwarnings("ignore", message=".*random_state.*")
+        return np.asarray(reducer.fit_transform(points), dtype=np.float64)
+
+
+def trust_score(points: np.ndarray, layout: np.ndarray, n_neighbors: int = 5) -> tuple[float, int]:
+    """sklearn trustworthiness (cosine in the original space) and the k used (k < n/2, as sklearn requires)."""
+    from sklearn.manifold import trustworthiness
+
+    k = max(1, min(n_neighbors, (len(points) - 1) // 2))
+    return float(trustworthiness(points, layout, n_neighbors=k, metric="cosine")), k
+
+
+def procrustes_align(layout: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Rotate/reflect, scale and shift `layout` onto `reference` (rows correspond); distances keep their ratios."""
+    from scipy.linalg import orthogonal_procrustes
+
+    a = layout - layout.mean(0)
+    b = reference - reference.mean(0)
+    rotation, _ = orthogonal_procrustes(a, b)
+    scale = np.linalg.norm(b) / max(np.linalg.norm(a), 1e-12)
+    return a @ rotation * scale + reference.mean(0)
+
+
+@dataclass
+class UmapPanel:
+    """One model's 2-d map of its l1 group centroids of one modality."""
+
+    model: str
+    modality: str  # 'image' or 'text'
+    groups: list[str]  # l1 id per point
+    xy: np.ndarray  # (groups, 2)
+    trust: float
+    trust_k: int
+    seconds: float  # time of the UMAP fit (the first one in a process includes numba compilation)
+
+
+def umap_panels(embeddings: Sequence[GroupEmbeddings], seed: int, n_neighbors: int = 15, trust_neighbors: int = 5,
+                modalities: Sequence[str] = ("image", "text"), align: bool = True) -> list[UmapPanel]:
+    """One UMAP per model and modality of the l1 centroids, same seed, each aligned to the first model's panel.
+
+    Image and text centroids get separate maps: CLIP's modality gap would otherwise split one joint map into
+    two distant blobs and hide the structure inside each."""
+    panels: list[UmapPanel] = []
+    for modality in modalities:
+        reference: UmapPanel | None = None
+        for emb in embeddings:
+            groups, points = group_centroids(*emb.of(modality))
+            start = time.perf_counter()
+            xy = umap_layout(points, seed, n_neighbors)
+            seconds = time.perf_counter() - start
+            trust, k = trust_score(points, xy, trust_neighbors)
+            if align and reference is not None and reference.groups == groups:
+                xy = procrustes_align(xy, reference.xy)
+            panel = UmapPanel(model=emb.model, modality=modality, groups=groups, xy=xy, trust=trust, trust_k=k,
+                              seconds=seconds)
+            reference = reference or panel
+            panels.append(panel)
+    return panels
+
+
+def _ancestor_or_self(magic: MagicFile, node: str, level: int) -> str:
+    try:
+        return magic.ancestor(node, level)
+    except ValueError:  # chain stops early: colour by the highest ancestor it has
+        current = magic.nodes[node]
+        while current.primary_parent is not None:
+            current = magic.nodes[current.primary_parent]
+        return current.id
+
+
+def readable_labels(xy: np.ndarray, limit: int, width: float = 0.22, height: float = 0.06) -> list[int]:
+    """Rows to label: greedily, in row order, points whose name box (about `width` x `height` of the panel,
+    to the right of the point) would not overprint a name already placed; at most `limit` of them."""
+    span = np.where(np.ptp(xy, axis=0) > 0, np.ptp(xy, axis=0), 1.0)
+    unit = xy / span
+    chosen: list[int] = []
+    for k, point in enumerate(unit):
+        if len(chosen) >= limit:
+            break
+        if all(abs(point[0] - unit[c][0]) >= width or abs(point[1] - unit[c][1]) >= height for c in chosen):
+            chosen.append(k)
+    return chosen
+
+
+def plot_umap_panels(panels: Sequence[UmapPanel], magic: MagicFile, color_level: int = 2,
+                     label_max: int = 60) -> Figure:
+    """Grid of UMAP panels (rows: image / text centroids, columns: models); colour (and, past the palette,
+    marker) = ancestor at `color_level`; up to `label_max` l1 names per panel, where they do not overprint."""
+    if not panels:
+        raise ValueError("no UMAP panels to draw; compute them with umap_panels() first")
+    models = list(dict.fromkeys(p.model for p in panels))
+    modalities = list(dict.fromkeys(p.modality for p in panels))
+    classes = sorted({_ancestor_or_self(magic, g, color_level) for p in panels for g in p.groups})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    style = {c: (colours[k % len(colours)], MARKERS[(k // len(colours)) % len(MARKERS)])
+             for k, c in enumerate(classes)}
+    fig, axes = plt.subplots(len(modalities), len(models), figsize=(4.2 * len(models), 4.2 * len(modalities) + 0.8),
+                             squeeze=False)
+    for panel in panels:
+        ax = axes[modalities.index(panel.modality), models.index(panel.model)]
+        point_class = [_ancestor_or_self(magic, g, color_level) for g in panel.groups]
+        for c in dict.fromkeys(point_class):  # one scatter per class: hundreds of single-point calls are slow
+            rows = [i for i, pc in enumerate(point_class) if pc == c]
+            ax.scatter(panel.xy[rows, 0], panel.xy[rows, 1], s=36, marker=style[c][1], color=style[c][0],
+                       edgecolors="white", linewidths=0.4)
+        for k in readable_labels(panel.xy, label_max):
+            ax.annotate(magic.nodes[panel.groups[k]].name, panel.xy[k], fontsize=6.5, alpha=0.8, xytext=(3, 2),
+                        textcoords="offset points", clip_on=True)
+        ax.set_title(f"{panel.model}: {panel.modality} centroids\ntrustworthiness {panel.trust:.2f} "
+                     f"(k={panel.trust_k})", fontsize=10)
+        ax.margins(0.15)  # room for the names at the edges
+        ax.set_xticks([])
+        ax.set_yticks([])
+    handles = [Line2D([], [], linestyle="", marker=style[c][1], color=style[c][0], label=magic.nodes[c].name)
+               for c in classes]
+    ncol = min(len(handles), 6)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False,
+               title=f"colour: l{color_level} ancestor")
+    legend_rows = -(-len(handles) // ncol)
+    fig.tight_layout(rect=(0, min(0.5, (0.5 + 0.25 * legend_rows) / fig.get_figheight()), 1, 1))
+    return fig
+
+
+# ----------------------------------------------------------------------------------------- dual effect
+def spread_and_separation(embeddings: np.ndarray, groups: Sequence[str]) -> dict[str, float]:
+    """Within-group spread (mean over groups with >= 2 members of the mean cosine distance to the group's
+    centroid) and separation (mean cosine distance between group centroids)."""
+    names, centroids = group_centroids(embeddings, groups)
+    index = {g: k for k, g in enumerate(names)}
+    rows = np.array([index[g] for g in groups])
+    dist = 1.0 - np.sum(_unit(embeddings) * centroids[rows], axis=1)
+    sizes = np.bincount(rows, minlength=len(names))
+    per_group = np.bincount(rows, weights=dist, minlength=len(names)) / np.maximum(sizes, 1)
+    multi = sizes >= 2
+    within = float(per_group[multi].mean()) if multi.any() else float("nan")
+    pairs = list(combinations(range(len(names)), 2))
+    sims = centroids @ centroids.T
+    between = float(np.mean([1.0 - sims[a, b] for a, b in pairs])) if pairs else float("nan")
+    return {"groups": len(names), "singleton_groups": int((~multi).sum()), "within": within, "between": between,
+            "ratio": within / between if between > 0 else float("nan")}
+
+
+def dual_effect_table(embeddings: Sequence[GroupEmbeddings], magic: MagicFile,
+                      levels: Sequence[int] | None = None) -> pd.DataFrame:
+    """Per model, modality and level: within-group spread, between-centroid distance and their ratio."""
+    levels = list(levels) if levels is not None else list(range(1, magic.l_max + 1))
+    rows = []
+    for emb in embeddings:
+        for modality in ("image", "text"):
+            x, l1 = emb.of(modality)
+            for level in levels:
+                groups = [_ancestor_or_self(magic, g, level) for g in l1]
+                rows.append({"model": emb.model, "modality": modality, "level": level,
+                             **spread_and_separation(x, groups)})
+    return pd.DataFrame(rows)
+
+
+def plot_measured_dual_effect(table: pd.DataFrame, level: int = 1) -> Figure:
+    """Left: within-group spread against between-centroid distance at `level`, one point per model and
+    modality (lower-right is tighter groups further apart). Right: the ratio per level and model."""
+    if table.empty:
+        raise ValueError("the dual-effect table is empty; compute it with dual_effect_table() first")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    models = list(dict.fromkeys(table["model"]))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    at = table[table["level"] == level]
+    for k, model in enumerate(models):
+        for modality, marker in (("image", "o"), ("text", "^")):
+            row = at[(at["model"] == model) & (at["modality"] == modality)]
+            if row.empty:
+                continue
+            ax.scatter(row["between"], row["within"], color=colours[k % len(colours)], marker=marker, s=60,
+                       label=f"{model} ({modality})")
+        ratio = table[(table["model"] == model) & (table["modality"] == "image")].sort_values("level")
+        ax2.plot(ratio["level"], ratio["ratio"], marker="o", color=colours[k % len(colours)], label=model)
+    ax.set_xlabel(f"between-centroid cosine distance (l{level})")
+    ax.set_ylabel(f"within-group cosine distance to centroid (l{level})")
+    ax.set_title("Dual effect: spread vs separation")
+    ax.legend(fontsize=7, frameon=False)
+    ax2.set_xlabel("level")
+    ax2.set_ylabel("within / between (images)")
+    ax2.set_xticks(sorted(table["level"].unique()))
+    ax2.set_title("Lower = tighter groups, further apart")
+    ax2.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def dual_effect_summary(table: pd.DataFrame, level: int = 1, modality: str = "image",
+                        baseline: str = "zero-shot") -> list[str]:
+    """One sentence per model: how its within-group spread and between-centroid distance changed vs `baseline`."""
+    rows = table[(table["level"] == level) & (table["modality"] == modality)].set_index("model")
+    if baseline not in rows.index:
+        return [f"no {baseline} row at l{level} ({modality}); nothing to compare against"]
+    base = rows.loc[baseline]
+    lines = []
+    for model, row in rows.drop(index=baseline).iterrows():
+        lines.append(f"{model}: within-group spread {row['within']:.3g} ({row['within'] / base['within'] - 1:+.0%} vs "
+                     f"{baseline}), between-centroid distance {row['between']:.3g} "
+                     f"({row['between'] / base['between'] - 1:+.0%}), ratio {row['ratio']:.3g} "
+                     f"(was {base['ratio']:.3g})")
+    return lines

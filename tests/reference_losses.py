@@ -1,0 +1,139 @@
+"""Literal loop implementations of the paper's losses (Eqs. 1-8), written term by term from the equations.
+
+They are the ground truth that tests/test_losses.py compares `cglib.losses` against, and the "loops" baseline
+of benchmarks/bench_losses.py. Deliberately naive: Python loops over groups, pairs and anchors, one cosine at a
+time, `-log(numerator / denominator)` as printed (use float64 in tests). Features are (M, N, L); each vector is
+L2-normalized first, as the library does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def cos(a: Tensor, b: Tensor) -> Tensor:
+    """Cosine similarity s(a, b) of two vectors."""
+    return torch.dot(a, b) / (a.norm() * b.norm())
+
+
+def unit(x: Tensor) -> Tensor:
+    """One vector divided by its L2 norm."""
+    return x / x.norm()
+
+
+def _units(features: Tensor) -> list[list[Tensor]]:
+    return [[unit(features[g, i]) for i in range(features.shape[1])] for g in range(features.shape[0])]
+
+
+def ref_clip_loss(image: Tensor, text: Tensor, tau: float) -> Tensor:
+    """CLIP InfoNCE over B pairs, (B, L) each: mean of image->text and text->image -log softmax of the diagonal."""
+    imgs, txts = [unit(x) for x in image], [unit(x) for x in text]
+    b = len(imgs)
+    total = image.new_zeros(())
+    for k in range(b):
+        total = total - torch.log(torch.exp(cos(imgs[k], txts[k]) / tau)
+                                  / sum(torch.exp(cos(imgs[k], txts[m]) / tau) for m in range(b)))
+        total = total - torch.log(torch.exp(cos(txts[k], imgs[k]) / tau)
+                                  / sum(torch.exp(cos(txts[k], imgs[m]) / tau) for m in range(b)))
+    return total / (2 * b)
+
+
+def ref_pairwise_outer(image: Tensor, text: Tensor, tau: float) -> Tensor:
+    """Eq. 2: each image's positives are the N texts of its group, denominator all M*N texts; and vice versa."""
+    m, n = image.shape[:2]
+    imgs, txts = _units(image), _units(text)
+    total = image.new_zeros(())
+    for anchors, others in ((imgs, txts), (txts, imgs)):
+        for g in range(m):
+            for i in range(n):
+                positive = sum(torch.exp(cos(anchors[g][i], others[g][j]) / tau) for j in range(n))
+                everything = sum(torch.exp(cos(anchors[g][i], others[h][j]) / tau)
+                                 for h in range(m) for j in range(n))
+                total = total - torch.log(positive / everything)
+    return total / (2 * m * n)
+
+
+def ref_pairwise_centroids(image: Tensor, text: Tensor, normalize_products: bool) -> list[Tensor]:
+    """Eq. 1: mu_g = 1/N^2 sum_ij I[g,i] * T[g,j]; authors' code: normalized mean of normalized products."""
+    m, n = image.shape[:2]
+    imgs, txts = _units(image), _units(text)
+    centroids = []
+    for g in range(m):
+        products = [imgs[g][i] * txts[g][j] for i in range(n) for j in range(n)]
+        if normalize_products:
+            centroids.append(unit(sum(unit(p) for p in products) / n**2))
+        else:
+            centroids.append(sum(products) / n**2)
+    return centroids
+
+
+def ref_pairwise_inner(image: Tensor, text: Tensor, tau_inner: float, normalize_products: bool = False) -> Tensor:
+    """Eq. 3: every combined vector I[g,i] * T[g,j] classified among the M centroids by s(., mu_h) / tau'."""
+    m, n = image.shape[:2]
+    imgs, txts = _units(image), _units(text)
+    centroids = ref_pairwise_centroids(image, text, normalize_products)
+    total = image.new_zeros(())
+    for g in range(m):
+        for i in range(n):
+            for j in range(n):
+                c = imgs[g][i] * txts[g][j]
+                if normalize_products:
+                    c = unit(c)
+                numerator = torch.exp(cos(c, centroids[g]) / tau_inner)
+                denominator = sum(torch.exp(cos(c, centroids[h]) / tau_inner) for h in range(m))
+                total = total - torch.log(numerator / denominator)
+    return total / (m * n * n)
+
+
+def weighted(inner: Tensor, outer: Tensor, alpha: float, alpha_on: str) -> Tensor:
+    """Eqs. 4 and 8 (alpha on inner) or the authors' code (alpha on outer)."""
+    if alpha_on == "inner":
+        return alpha * inner + (1 - alpha) * outer
+    return alpha * outer + (1 - alpha) * inner
+
+
+def ref_pairwise_loss(image: Tensor, text: Tensor, tau: float, tau_inner: float, alpha: float,
+                      alpha_on: str = "inner", normalize_products: bool = False) -> Tensor:
+    """Eq. 4."""
+    return weighted(ref_pairwise_inner(image, text, tau_inner, normalize_products),
+                    ref_pairwise_outer(image, text, tau), alpha, alpha_on)
+
+
+def ref_centroids(features: Tensor) -> list[Tensor]:
+    """Eq. 5: mean of the group's (unit) vectors."""
+    units = _units(features)
+    return [sum(group) / len(group) for group in units]
+
+
+def ref_centroid_outer(image: Tensor, text: Tensor, tau: float) -> Tensor:
+    """Eq. 6: CLIP InfoNCE between the M image centroids and the M text centroids."""
+    m = image.shape[0]
+    image_centroids, text_centroids = ref_centroids(image), ref_centroids(text)
+    total = image.new_zeros(())
+    for anchors, others in ((image_centroids, text_centroids), (text_centroids, image_centroids)):
+        for g in range(m):
+            total = total - torch.log(torch.exp(cos(anchors[g], others[g]) / tau)
+                                      / sum(torch.exp(cos(anchors[g], others[h]) / tau) for h in range(m)))
+    return total / (2 * m)
+
+
+def ref_centroid_inner(image: Tensor, text: Tensor, tau_inner: float) -> Tensor:
+    """Eq. 7: each image among the M image centroids, each text among the M text centroids, with tau'."""
+    m, n = image.shape[:2]
+    total = image.new_zeros(())
+    for features in (image, text):
+        units, centroids = _units(features), ref_centroids(features)
+        for g in range(m):
+            for i in range(n):
+                total = total - torch.log(
+                    torch.exp(cos(units[g][i], centroids[g]) / tau_inner)
+                    / sum(torch.exp(cos(units[g][i], centroids[h]) / tau_inner) for h in range(m)))
+    return total / (2 * m * n)
+
+
+def ref_centroid_loss(image: Tensor, text: Tensor, tau: float, tau_inner: float, alpha: float,
+                      alpha_on: str = "inner") -> Tensor:
+    """Eq. 8."""
+    return weighted(ref_centroid_inner(image, text, tau_inner), ref_centroid_outer(image, text, tau),
+                    alpha, alpha_on)

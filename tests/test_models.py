@@ -1,0 +1,123 @@
+"""Models: cglib configs build offline, freezing works, every trainable parameter gets a gradient (DDP), I/O."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cglib.config import ModelParams
+from cglib.embed import MINILM_DIM, embed_texts
+from cglib.losses import pairwise_group_loss
+from cglib.models import (
+    Towers,
+    build_model,
+    encode_images,
+    encode_texts,
+    load_weights,
+    pixels_to_tensor,
+    save_weights,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_clip():
+    torch.manual_seed(0)
+    return build_model(ModelParams(name="cglib-tiny-clip", text_tower="open_clip", freeze_text=False))
+
+
+@pytest.fixture(scope="module")
+def tiny_minilm():
+    torch.manual_seed(0)
+    return build_model(ModelParams(name="cglib-tiny-vit", text_tower="minilm", freeze_text=False))
+
+
+def test_configs_have_the_documented_shapes(tiny_clip, tiny_minilm):
+    """tiny-clip: 32 px, 128-d joint space, CLIP tokenizer; tiny-vit + MiniLM: 384-d, the MiniLM tower."""
+    assert (tiny_clip.image_size, tiny_clip.embed_dim, tiny_clip.text_tower) == (32, 128, "open_clip")
+    assert (tiny_minilm.image_size, tiny_minilm.embed_dim, tiny_minilm.text_tower) == (32, MINILM_DIM, "minilm")
+    pixels = np.random.default_rng(0).integers(0, 256, size=(3, 40, 40, 3), dtype=np.uint8)
+    for bundle in (tiny_clip, tiny_minilm):
+        image = encode_images(bundle, pixels)
+        text = encode_texts(bundle, ["a cake", "a dog on a beach"])
+        assert image.shape == (3, bundle.embed_dim) and text.shape == (2, bundle.embed_dim)
+        np.testing.assert_allclose(np.linalg.norm(image, axis=1), 1.0, rtol=1e-5)
+
+
+def test_minilm_tower_equals_sentence_transformers(tiny_minilm):
+    """The MiniLM text tower reproduces all-MiniLM-L6-v2 sentence embeddings (so frozen ones can be precomputed)."""
+    texts = ["a child next to a cake and balloons", "two skiers on a snowy slope"]
+    np.testing.assert_allclose(encode_texts(tiny_minilm, texts), embed_texts(texts), atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["tiny_clip", "tiny_minilm"])
+def test_every_trainable_parameter_gets_a_gradient(which, request):
+    """After freeze_logit_scale, a group loss reaches every trainable parameter (DDP errors otherwise)."""
+    bundle = request.getfixturevalue(which)
+    bundle.set_text_trainable(True)
+    bundle.freeze_logit_scale()
+    bundle.model.zero_grad(set_to_none=True)
+    towers = Towers(bundle.model)
+    images = torch.randn(6, 3, bundle.image_size, bundle.image_size)
+    tokens = bundle.tokenizer([f"text number {k}" for k in range(6)])
+    image, text = towers(images, tokens)
+    pairwise_group_loss(image.reshape(2, 3, -1), text.reshape(2, 3, -1)).backward()
+    missing = [n for n, p in bundle.model.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
+    assert not bundle.model.logit_scale.requires_grad
+
+
+def test_freeze_text_freezes_exactly_the_text_tower():
+    """freeze_text: the text tower has no trainable parameter left; the image tower still trains."""
+    bundle = build_model(ModelParams(name="cglib-tiny-clip", text_tower="open_clip", freeze_text=True))
+    text_ids = {id(p) for p in bundle.text_parameters()}
+    assert text_ids and all(not p.requires_grad for p in bundle.text_parameters())
+    assert all(p.requires_grad for n, p in bundle.model.named_parameters() if n.startswith("visual."))
+    untouched = [n for n, p in bundle.model.named_parameters() if id(p) not in text_ids and not n.startswith("visual.")]
+    assert untouched == ["logit_scale"]
+
+
+def test_weights_round_trip_safetensors_and_torch(tmp_path, tiny_clip):
+    """save_weights/load_weights restore every tensor; a torch state dict (DDP 'module.' prefix) loads too."""
+    fresh = build_model(ModelParams(name="cglib-tiny-clip", text_tower="open_clip"))
+    load_weights(fresh.model, save_weights(tiny_clip.model, tmp_path / "w.safetensors"))
+    want = tiny_clip.model.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in fresh.model.state_dict().items())
+    torch.save({"state_dict": {f"module.{k}": v for k, v in want.items()}}, tmp_path / "w.pt")
+    other = build_model(ModelParams(name="cglib-tiny-clip", text_tower="open_clip"))
+    load_weights(other.model, tmp_path / "w.pt")
+    assert all(torch.equal(v, want[k]) for k, v in other.model.state_dict().items())
+    with pytest.raises(ValueError, match="does not fit the model"):
+        load_weights(build_model(ModelParams(name="cglib-tiny-vit")).model, tmp_path / "w.safetensors")
+    with pytest.raises(FileNotFoundError):
+        load_weights(other.model, tmp_path / "missing.safetensors")
+
+
+def test_pixels_to_tensor_normalises_and_resizes(tiny_clip):
+    """uint8 (n, H, W, 3) -> (n, 3, S, S) float, normalised with the model's mean/std; bad input is refused."""
+    pixels = np.full((2, 48, 48, 3), 255, dtype=np.uint8)
+    x = pixels_to_tensor(pixels, tiny_clip)
+    assert x.shape == (2, 3, 32, 32)
+    expected = (1 - torch.tensor(tiny_clip.mean)) / torch.tensor(tiny_clip.std)
+    torch.testing.assert_close(x[0, :, 5, 5], expected)
+    with pytest.raises(ValueError, match="uint8"):
+        pixels_to_tensor(pixels.astype(np.float32), tiny_clip)
+
+
+def test_bad_model_params_are_refused():
+    """Unknown names, MiniLM with an open_clip architecture and weights for a cglib config name the fix."""
+    with pytest.raises(ValueError, match="neither a cglib config"):
+        build_model(ModelParams(name="ViT-Q-99"))
+    with pytest.raises(ValueError, match="text_tower: minilm is only available"):
+        build_model(ModelParams(name="ViT-B-32", text_tower="minilm"))
+    with pytest.raises(ValueError, match="pretrained must be null"):
+        build_model(ModelParams(name="cglib-demo-vit", pretrained="openai"))
+
+
+@pytest.mark.slow
+def test_paper_architecture_builds_without_download():
+    """ViT-B-32 (the paper's model) builds with random weights offline: 151M parameters, 224 px, 512-d."""
+    bundle = build_model(ModelParams(name="ViT-B-32", text_tower="open_clip", freeze_text=False))
+    n = sum(p.numel() for p in bundle.model.parameters())
+    assert 150e6 < n < 152e6
+    assert (bundle.image_size, bundle.embed_dim) == (224, 512)

@@ -1,0 +1,338 @@
+"""Training runs end to end on tiny_magic with the tiny open_clip config: outputs, resume, pretraining, errors."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from factories import tiny_magic
+from safetensors.torch import load_file
+
+from cglib.config import Params
+from cglib.magic.schema import save_magic
+from cglib.models import Towers, build_model, encode_texts, load_weights
+from cglib.run import RunContext
+from cglib.train import LOG_COLUMNS, load_trained, train_all, train_one
+from cglib.train.distributed import DistInfo
+from cglib.train.loop import GroupBatchData, Stepper, group_step_loss, load_inputs, set_trainable, wrap
+from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
+from cglib.train.sampler import GroupBatchSampler
+from cglib.viz.training_figures import plot_loss_curves
+
+TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
+TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 2, "lr": 1e-3, "warmup_steps": 2,
+              "weight_decay": 0.01, "log_every": 2, "pretrain_epochs": 1, "pretrain_batch_size": 4,
+              "pretrain_lr": 1e-3}
+
+
+def make_run(directory: Path, model: dict | None = None, **train) -> RunContext:
+    """A run folder holding tiny_magic's captions and magic.json, with params for the tiny model."""
+    magic, dataset = tiny_magic()
+    if not (directory / "magic" / "magic.json").is_file():
+        save_magic(magic, directory / "magic" / "magic.json")
+        dataset.save(directory / "captions")
+    runs = train.pop("runs", [{"name": "clip", "loss": "clip"}])
+    params = Params.model_validate({"run": {"name": "t", "device": "cpu", "threads": 1},
+                                    "model": {**TINY_MODEL, **(model or {})},
+                                    "train": {**TINY_TRAIN, **train, "runs": runs}})
+    return RunContext(params=params, dir=directory)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def text_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    return [k for k in state if not k.startswith("visual.") and k != "logit_scale"]
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def _fixed_batch(run: RunContext):
+    """Model, frozen-text table and one batch item of tiny_magic, as the training loop builds them."""
+    torch.manual_seed(0)
+    bundle = build_model(run.params.model)
+    inputs = load_inputs(run, bundle.image_size, progress=False)
+    sampler = GroupBatchSampler(inputs.magic, 3, 4, seed=0)
+    texts = sampler.all_texts()
+    table = torch.from_numpy(encode_texts(bundle, texts))
+    data = GroupBatchData(sampler, inputs.cache, epoch=0, start=0, info=_single(),
+                          text_rows={t: k for k, t in enumerate(texts)}, tokenizer=None)
+    return bundle, table, data[0]
+
+
+def _single() -> DistInfo:
+    return DistInfo()
+
+
+@pytest.mark.parametrize("loss", ["clip", "pairwise", "centroid"])
+def test_one_step_lowers_the_loss_on_a_fixed_batch(tmp_path, loss):
+    """One AdamW step on a batch lowers that batch's loss, for each objective (gradients reach the image tower)."""
+    run = make_run(tmp_path)
+    bundle, table, item = _fixed_batch(run)
+    set_trainable(bundle, image=True, text=False)
+    module = wrap(Towers(bundle.model), _single())
+    spec = {"loss": loss, "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner", "normalize_products": False}
+    # Adam's first step moves every weight by about lr: small enough to stay in the descent region
+    stepper = Stepper(bundle.model, module, lr=1e-4, weight_decay=0.0, warmup_steps=0, total_steps=10, amp=None,
+                      grad_clip=1.0, device=torch.device("cpu"))
+
+    def loss_fn(it):
+        return group_step_loss(module, bundle, it, spec, table)
+
+    with torch.no_grad():
+        before = float(loss_fn(item)["loss"])
+    result = stepper.step([item], loss_fn)
+    with torch.no_grad():
+        after = float(loss_fn(item)["loss"])
+    assert result["loss"] == pytest.approx(before, rel=1e-5)
+    assert after < before
+    if loss != "clip":
+        assert {"inner", "outer"} <= set(result)
+
+
+def test_amp_bf16_step_runs_on_cpu(tmp_path):
+    """train.amp bf16 runs a step under CPU autocast with a finite loss; fp16 on CPU is refused clearly."""
+    run = make_run(tmp_path)
+    bundle, table, item = _fixed_batch(run)
+    set_trainable(bundle, image=True, text=False)
+    module = Towers(bundle.model)
+    spec = {"loss": "pairwise", "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner",
+            "normalize_products": False}
+    dtype = amp_dtype("bf16", torch.device("cpu"))
+    assert dtype is torch.bfloat16
+    stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=10, amp=dtype,
+                      grad_clip=1.0, device=torch.device("cpu"))
+    seen = {}
+
+    def loss_fn(it):
+        image, _ = module(torch.zeros(1, 3, 32, 32), None)
+        seen["dtype"] = image.dtype
+        return group_step_loss(module, bundle, it, spec, table)
+
+    result = stepper.step([item], loss_fn)
+    assert seen["dtype"] == torch.bfloat16  # the image tower really ran in bf16
+    assert np.isfinite(result["loss"]) and np.isfinite(result["grad_norm"])
+    assert amp_dtype("auto", torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        amp_dtype("fp16", torch.device("cpu"))
+
+
+def test_optimizer_groups_and_schedule():
+    """No weight decay on biases, norms and the logit scale; lr warms up linearly, then decays to 0 by cosine."""
+    bundle = build_model(Params.model_validate({"model": TINY_MODEL}).model)
+    opt = build_optimizer(bundle.model, lr=1.0, weight_decay=0.5)
+    names = {id(p): n for n, p in bundle.model.named_parameters()}
+    decayed = {names[id(p)] for p in opt.param_groups[0]["params"]}
+    assert opt.param_groups[0]["weight_decay"] == 0.5 and opt.param_groups[1]["weight_decay"] == 0.0
+    assert not any(n.endswith("bias") or ".ln" in n or n == "logit_scale" for n in decayed)
+    assert "visual.conv1.weight" in decayed
+    schedule = warmup_cosine(opt, warmup_steps=4, total_steps=12)
+    lrs = []
+    for _ in range(12):
+        lrs.append(schedule.get_last_lr()[0])
+        opt.step()
+        schedule.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert all(a >= b for a, b in itertools.pairwise(lrs[3:])) and lrs[-1] < 0.05
+    with pytest.raises(ValueError, match="warmup_steps"):
+        warmup_cosine(opt, warmup_steps=12, total_steps=12)
+
+
+# ------------------------------------------------------------------------------------------- whole runs
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """clip (no pretraining) and pairwise (authors' pretraining with concept names), frozen text, 2 epochs."""
+    run = make_run(tmp_path_factory.mktemp("trained"),
+                   runs=[{"name": "clip", "loss": "clip"},
+                         {"name": "pairwise", "loss": "pairwise", "pretrain": "with_concepts"}])
+    summaries = train_all(run, progress=False)
+    return run, summaries
+
+
+def test_training_writes_the_output_contract(trained):
+    """initial/final weights, per-step log.csv, summary.json, epoch checkpoints and TensorBoard events exist."""
+    run, summaries = trained
+    base = run.dir / "training"
+    assert (base / "initial.safetensors").is_file()
+    for name in ("clip", "pairwise"):
+        out = base / name
+        assert (out / "final.safetensors").is_file()
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-001.safetensors",
+                                                                         "epoch-002.safetensors"]
+        assert any((out / "tensorboard").iterdir())
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary == json.loads(json.dumps(summaries[name], default=str)) | {"provenance": summary["provenance"]}
+        assert summary["steps"] == 2 * 6 and summary["images_seen"] == 12 * 2 * 3
+        assert summary["images_per_s"] > 0 and summary["wall_time_s"] > 0
+        assert summary["provenance"]["params"]["train"]["groups_per_batch"] == 2
+        with (out / "log.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        assert list(rows[0]) == LOG_COLUMNS
+        train_rows = [r for r in rows if r["phase"] == "train"]
+        assert [int(r["step"]) for r in train_rows] == list(range(1, 13))
+        assert all(float(r["images_per_s"]) > 0 and float(r["data_wait_s"]) >= 0 for r in train_rows)
+    clip_rows = list(csv.DictReader((base / "clip" / "log.csv").open()))
+    assert all(r["inner"] == "" and r["outer"] == "" for r in clip_rows)  # the CLIP loss has no parts
+    pair_rows = list(csv.DictReader((base / "pairwise" / "log.csv").open()))
+    assert [r["phase"] for r in pair_rows[:1]] == ["pretrain"]
+    assert all(r["inner"] != "" and r["outer"] != "" for r in pair_rows if r["phase"] == "train")
+
+
+def test_pretraining_trains_the_text_tower_and_marks_exposure(trained):
+    """with_concepts pretraining changes the (otherwise frozen) text tower and is marked exposed; clip is not."""
+    run, summaries = trained
+    base = run.dir / "training"
+    initial = weights(base / "initial.safetensors")
+    plain = weights(base / "clip" / "final.safetensors")
+    pre = weights(base / "pairwise" / "final.safetensors")
+    assert all(torch.equal(plain[k], initial[k]) for k in text_keys(initial))  # frozen: untouched
+    assert not all(torch.equal(pre[k], initial[k]) for k in text_keys(initial))
+    for state in (plain, pre):
+        assert not torch.equal(state["visual.conv1.weight"], initial["visual.conv1.weight"])
+        assert torch.equal(state["logit_scale"], initial["logit_scale"])  # fixed tau: logit_scale frozen
+    assert summaries["pairwise"]["exposed_to_eval_strings"] is True
+    assert summaries["pairwise"]["pretrain_steps"] >= 1
+    assert summaries["clip"]["exposed_to_eval_strings"] is False and summaries["clip"]["pretrain_steps"] == 0
+    assert summaries["clip"]["precomputed_texts"] == 12  # 6 groups x 2 generalized captions, encoded once
+
+
+def test_load_trained_round_trip(trained):
+    """load_trained gives the saved final weights of a run, or the initial ones for 'zero-shot', in eval mode."""
+    run, _ = trained
+    for name, file in (("pairwise", "pairwise/final.safetensors"), ("zero-shot", "initial.safetensors")):
+        bundle = load_trained(run.params, run.dir, name)
+        assert not bundle.model.training and bundle.device.type == "cpu"
+        saved = weights(run.dir / "training" / file)
+        state = bundle.model.state_dict()
+        assert all(torch.equal(state[k], saved[k]) for k in saved)
+    with pytest.raises(ValueError, match="no run named 'nope'"):
+        load_trained(run.params, run.dir, "nope")
+    with pytest.raises(FileNotFoundError, match="05_training"):
+        load_trained(run.params, run.dir / "elsewhere", "clip")
+
+
+def test_a_finished_run_is_reused_not_retrained(trained):
+    """Calling train_all again with the same params returns the saved summaries without training."""
+    run, summaries = trained
+    final = run.dir / "training" / "clip" / "final.safetensors"
+    stamp = final.stat().st_mtime_ns
+    again = train_one(run, "clip", progress=False)
+    assert final.stat().st_mtime_ns == stamp
+    assert again["spec_hash"] == summaries["clip"]["spec_hash"]
+
+
+def test_loss_curves_figure(trained):
+    """plot_loss_curves draws total, inner and outer loss per run (and the pretraining loss) from log.csv."""
+    run, _ = trained
+    fig = plot_loss_curves(run.dir)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[:3] == ["total loss", "inner term", "outer term"] and "text pretraining" in titles[3]
+    def labels(ax):
+        return {line.get_label() for line in ax.lines if not line.get_label().startswith("_")}
+
+    assert labels(fig.axes[0]) == {"clip", "pairwise"}
+    assert labels(fig.axes[1]) == labels(fig.axes[2]) == labels(fig.axes[3]) == {"pairwise"}  # clip has no parts
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def _final_and_log(run: RunContext, name: str) -> tuple[dict[str, torch.Tensor], list[list[str]]]:
+    out = run.dir / "training" / name
+    rows = [[r[k] for k in ("phase", "step", "loss", "inner", "outer", "lr", "grad_norm")]
+            for r in csv.DictReader((out / "log.csv").open())]
+    return weights(out / "final.safetensors"), rows
+
+
+def _interrupt_at(global_step: int):
+    def hook(row):
+        if row["global_step"] == global_step:
+            raise KeyboardInterrupt
+
+    return hook
+
+
+def test_resume_after_interrupt_is_bit_exact(tmp_path):
+    """Interrupted in pretraining and again mid-epoch (grad accumulation, trainable text), a resumed run ends
+    with exactly the weights and log of an uninterrupted one (CPU)."""
+    settings = {"model": {"freeze_text": False}, "grad_accum": 2,
+                "runs": [{"name": "pw", "loss": "pairwise", "pretrain": "leakage_free"}], "pretrain_epochs": 2}
+    whole = make_run(tmp_path / "whole", **settings)
+    train_one(whole, "pw", progress=False)
+
+    parts = make_run(tmp_path / "parts", **settings)
+    pre_steps = json.loads((whole.dir / "training/pw/summary.json").read_text())["pretrain_steps"]
+    assert pre_steps >= 2
+    with pytest.raises(KeyboardInterrupt):
+        train_one(parts, "pw", progress=False, on_step=_interrupt_at(1))  # inside textual pretraining
+    assert (parts.dir / "training/pw/checkpoints/last.pt").is_file()
+    with pytest.raises(KeyboardInterrupt):
+        train_one(parts, "pw", progress=False, on_step=_interrupt_at(pre_steps + 2))  # mid image-text epoch 1
+    summary = train_one(parts, "pw", progress=False)
+    assert summary["resumed_from_step"] == pre_steps + 2
+    assert not (parts.dir / "training/pw/checkpoints/last.pt").exists()
+
+    expected, expected_log = _final_and_log(whole, "pw")
+    got, got_log = _final_and_log(parts, "pw")
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    assert got_log == expected_log
+
+
+def test_a_checkpoint_of_other_params_is_not_resumed(tmp_path):
+    """Changed params make the old checkpoint stale: the run starts over with a warning instead of resuming it."""
+    run = make_run(tmp_path, epochs=1)
+    with pytest.raises(KeyboardInterrupt):
+        train_one(run, "clip", progress=False, on_step=_interrupt_at(2))
+    changed = make_run(tmp_path, epochs=1, lr=5e-4)
+    with pytest.warns(UserWarning, match="written for other params"):
+        summary = train_one(changed, "clip", progress=False)
+    assert summary["resumed_from_step"] is None and summary["steps"] == 6
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_bad_params_give_clear_errors(tmp_path):
+    """M above the number of groups, a group loss with M = 1 and an unknown run name fail before training."""
+    with pytest.raises(ValueError, match="groups_per_batch .*exceeds the number of training groups"):
+        train_one(make_run(tmp_path / "a", groups_per_batch=7), "clip", progress=False)
+    with pytest.raises(ValueError, match="groups_per_batch >= 2"):
+        train_one(make_run(tmp_path / "b", groups_per_batch=1, runs=[{"name": "c", "loss": "centroid"}]), "c",
+                  progress=False)
+    with pytest.raises(ValueError, match="no run named 'pairwise'"):
+        train_all(make_run(tmp_path / "c"), ["pairwise"], progress=False)
+
+
+def test_too_long_warmup_is_shortened_with_a_warning(tmp_path):
+    """warmup_steps beyond the run's steps is cut to a tenth of them, warned and recorded in the summary."""
+    run = make_run(tmp_path, epochs=1, warmup_steps=100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = train_one(run, "clip", progress=False)
+    assert any("warmup_steps (100)" in str(w.message) for w in caught)
+    assert summary["warmup_steps_used"] == {"train": 0}
+
+
+def test_trainable_text_tower_is_trained(tmp_path):
+    """With freeze_text false the text tower is encoded per step and updated; no texts are precomputed."""
+    run = make_run(tmp_path, model={"freeze_text": False}, epochs=1)
+    summary = train_one(run, "clip", progress=False)
+    assert summary["precomputed_texts"] == 0 and summary["text_frozen"] is False
+    initial = weights(run.dir / "training" / "initial.safetensors")
+    final = weights(run.dir / "training" / "clip" / "final.safetensors")
+    assert not all(torch.equal(final[k], initial[k]) for k in text_keys(initial))
+    load_weights(build_model(run.params.model).model, run.dir / "training" / "clip" / "final.safetensors")
+
+
+def test_dataloader_workers_give_the_same_training(tmp_path):
+    """Batches assembled in DataLoader worker processes (memmap cache, tokenizer) train exactly the same weights."""
+    inline = make_run(tmp_path / "inline", epochs=1, model={"freeze_text": False})
+    workers = make_run(tmp_path / "workers", epochs=1, model={"freeze_text": False}, num_workers=2)
+    train_one(inline, "clip", progress=False)
+    train_one(workers, "clip", progress=False)
+    a = weights(inline.dir / "training/clip/final.safetensors")
+    b = weights(workers.dir / "training/clip/final.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
