@@ -137,3 +137,8 @@ def test_a_broken_input_fails_its_figure_only(tmp_path):
     assert (run.dir / "figures" / f"{STEMS['image_grid']}.png").is_file()
     manifest = json.loads((run.dir / "figures" / MANIFEST).read_text())
     assert set(manifest["failed"]) == {STEMS["accuracy"]}
+    # the CLI turns it into exit code 1 naming the figure, and 2 for a folder that is not a run
+    from cglib.cli import main as cli_main
+
+    assert cli_main(["figures", str(run.dir), "--formats", "png"]) == 1
+    assert cli_main(["figures", str(tmp_path / "not-a-run")]) == 2
