@@ -400,14 +400,15 @@ def load_params(path: str | Path, check_paths: bool = True, overrides: dict[str,
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ParamsError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax") from None
     if overrides:
-        raw = _deep_merge(raw or {}, overrides)
+        raw = deep_merge(raw or {}, overrides)
     return parse_params(raw, params_root(path), check_paths=check_paths)
 
 
-def _deep_merge(base: dict, extra: dict) -> dict:
+def deep_merge(base: dict, extra: dict) -> dict:
+    """`base` with `extra` merged in, nested mappings merged key by key."""
     out = dict(base)
     for k, v in extra.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 

@@ -52,16 +52,10 @@ def tiny_magic(per_group: int = 8, image_size: int = 32, test_fraction: float = 
             captions[image_id] = [f"a picture of item {g} number {k}", f"colour pattern {g} variant {k % 3}"]
             images[image_id] = ImageRecord(id=image_id, node=nid, captions=captions[image_id],
                                            split="test" if k < n_test else "train")
-    for level in (2, 3, 4):
-        for node in [n for n in nodes.values() if n.level == level]:
-            node.n_images = sum(1 for i in images.values() if _ancestor(nodes, i.node, level) == node.id)
     magic = MagicFile(schema_version=SCHEMA_VERSION, l_max=4, split_kind="image", nodes=nodes, images=images)
+    for node in magic.nodes.values():
+        if node.level > 1:
+            node.n_images = sum(1 for i in images.values() if magic.ancestor(i.node, node.level) == node.id)
     dataset = CaptionDataset(source="synthetic", image_ids=ids, captions=captions, pixels=np.stack(pixels))
     return magic, dataset
 
-
-def _ancestor(nodes: dict[str, Node], start: str, level: int) -> str:
-    current = nodes[start]
-    while current.level < level:
-        current = nodes[current.primary_parent]
-    return current.id

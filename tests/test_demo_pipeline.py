@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from cglib.cli import main as cli_main
+from cglib.config import deep_merge
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,17 +23,10 @@ SMALL = {
 }
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
-
-
 @pytest.mark.slow
 def test_demo_series_runs_end_to_end(tmp_path):
     """Every numbered notebook runs headless on the demo profile; each stage leaves its documented files."""
-    params = _merge(yaml.safe_load((REPO / "params/demo.yaml").read_text()), SMALL)
+    params = deep_merge(yaml.safe_load((REPO / "params/demo.yaml").read_text()), SMALL)
     params["run"]["name"] = "e2e"
     params_path = tmp_path / "params" / "e2e.yaml"
     params_path.parent.mkdir()

@@ -75,32 +75,6 @@ def file_fingerprints(path: Path, preprocessing: str) -> tuple[str, str]:
         return _hash_tensors(((k, f.get_tensor(k)) for k in f.keys()), preprocessing)  # noqa: SIM118
 
 
-@torch.no_grad()
-def encode_texts_trimmed(bundle: ClipModel, texts: list[str], batch_size: int = 256) -> np.ndarray:
-    """`encode_texts` for Hugging Face text towers (the demo's MiniLM), faster and equal up to float rounding.
-
-    The open_clip HF tokenizer pads every text to the context length; the tower masks the padding, so trailing
-    columns that are padding in the whole batch change nothing. Texts are batched by length and those columns
-    dropped (about 4x fewer tokens for captions). Other towers (CLIP's own, with a fixed positional table) go
-    through `encode_texts` unchanged.
-    """
-    pad = getattr(getattr(getattr(bundle.model, "text", None), "config", None), "pad_token_id", None)
-    if pad is None or not texts:
-        return encode_texts(bundle, texts, batch_size=batch_size)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out = np.empty((len(texts), bundle.embed_dim), dtype=np.float32)
-    was_training = bundle.model.training
-    bundle.model.eval()
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        tokens = bundle.tokenizer([texts[i] for i in rows])
-        used = int((tokens != pad).any(dim=0).nonzero().max()) + 1  # last column holding a real token
-        vectors = bundle.model.encode_text(tokens[:, :used].to(bundle.device), normalize=True)
-        out[rows] = vectors.float().cpu().numpy()
-    bundle.model.train(was_training)
-    return out
-
-
 def _hash_strings(prefix: str, strings: list[str]) -> str:
     digest = hashlib.sha1(f"v{CACHE_VERSION}|{prefix}|".encode())
     digest.update("\0".join(strings).encode("utf-8"))
@@ -146,7 +120,7 @@ class EmbeddingStore:
         if text_vectors is None:
             text_vectors = self._shared_texts(domain, text_key)
         if text_vectors is None:
-            text_vectors = encode_texts_trimmed(bundle_fn(), texts, batch_size=self.batch_size)
+            text_vectors = encode_texts(bundle_fn(), texts, batch_size=self.batch_size)
             computed.append("texts")
         self._texts[text_key] = text_vectors
         self.computed[f"{model}.{domain}"] = computed

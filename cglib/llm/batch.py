@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from cglib.llm.base import Job, Outcome, Report
 from cglib.llm.cost import estimate_tokens
 from cglib.llm.replies import ReplyError, check_message, message_of
+from cglib.run import write_json
 
 if TYPE_CHECKING:
     from cglib.llm.openai_backend import OpenAIBackend
@@ -71,9 +72,7 @@ class BatchRunner:
         return json.loads(self.state_path.read_text(encoding="utf-8"))["batches"]
 
     def save_state(self, batches: list[dict]) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"batches": batches}, indent=1), encoding="utf-8")
-        tmp.replace(self.state_path)
+        write_json(self.state_path, {"batches": batches})
 
     # ------------------------------------------------------------------------------------------ files
     def write_files(self, jobs: list[Job]) -> list[RequestFile]:

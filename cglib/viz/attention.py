@@ -25,9 +25,8 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
-from cglib.evaluate.embeddings import encode_texts_trimmed
 from cglib.magic.schema import MagicFile
-from cglib.models import ClipModel, pixels_to_tensor
+from cglib.models import ClipModel, encode_texts, pixels_to_tensor
 
 MAP_CMAP = "viridis"  # perceptually uniform and colour-blind safe
 
@@ -208,7 +207,7 @@ def plot_attention_grid(bundle: ClipModel, pixels: np.ndarray, chains: Sequence[
     rollout = maps.rollout().numpy()
     levels = max((len(c) for c in chains), default=0)
     names = sorted({name for chain in chains for name in chain})
-    name_emb = dict(zip(names, encode_texts_trimmed(bundle, names))) if names else {}
+    name_emb = dict(zip(names, encode_texts(bundle, names))) if names else {}
     cols = 2 + levels
     fig, axes = plt.subplots(len(pixels), cols, figsize=(1.9 * cols, 2.1 * len(pixels)), squeeze=False)
     for row, (image, chain) in enumerate(zip(pixels, chains)):

@@ -15,9 +15,8 @@ import numpy as np
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from cglib.evaluate.embeddings import encode_texts_trimmed
 from cglib.magic.schema import MagicFile
-from cglib.models import ClipModel, encode_images
+from cglib.models import ClipModel, encode_images, encode_texts
 from cglib.viz.attention import extract_attention, overlay, vision_transformer
 
 
@@ -77,7 +76,7 @@ class ConceptExplorer(widgets.VBox):
         name = self.magic.nodes[node].name
         results = {}
         for model, bundle in self.models.items():
-            query = encode_texts_trimmed(bundle, [name])[0]
+            query = encode_texts(bundle, [name])[0]
             scores = self.image_embeddings[model] @ query
             order = np.argsort(-scores, kind="stable")[: self.top_k]
             results[model] = [(self.image_ids[r], float(scores[r]), self.is_hit(self.image_ids[r], node))
@@ -128,7 +127,7 @@ class ConceptExplorer(widgets.VBox):
             maps = extract_attention(bundle, image[None])
             overlay(axes[1], image, maps.rollout()[0], title="rollout")
             name = self.magic.nodes[self.concept].name if self.concept else self.magic.chain_names(image_id)[0]
-            heat = maps.text_maps(encode_texts_trimmed(bundle, [name])[0])[0]
+            heat = maps.text_maps(encode_texts(bundle, [name])[0])[0]
             overlay(axes[2], image, heat, title=f"'{name}'")
         fig.suptitle(f"{model}: chain {' > '.join(self.magic.chain_names(image_id))}", fontsize=9)
         fig.tight_layout()
