@@ -137,6 +137,10 @@ class MagicParams(Section):
     split: Literal["image", "concept"] = Field(
         "image", description="image: 80/20 within each l1 node (paper); concept: held-out l1 concepts.")
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Fraction of images (or concepts) held out for test.")
+    generalize: Literal["image", "group"] = Field(
+        "image", description="LLM_gen granularity: image = one request per image (its captions, l1 concept and "
+        "ancestors -> its own generalized captions; paper Sec. 3.1 step 5 and the authors' code); group = "
+        "captions pooled per l1 node (Algorithm 1 as printed; the project's first version).")
     generalize_from: Literal["train", "all"] = Field(
         "train", description="Captions sent to LLM_gen: train (a node's training images; held-out concepts use all) "
         "or all (the paper's code: every image, test images included).")

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class _Strict(BaseModel):
@@ -50,6 +50,10 @@ class ImageRecord(_Strict):
     captions: list[str]
     split: Literal["train", "test"]
     raw_chain: list[str] = Field(default_factory=list, description="the abstraction's own names l1..l_max")
+    generalized_captions: list[str] = Field(
+        default_factory=list, description="LLM_gen captions written for this image (magic.generalize: image)")
+    generalized_fallback: bool = Field(
+        False, description="LLM_gen failed for this image: generalized_captions hold its original captions")
 
 
 class MergeRecord(_Strict):
@@ -74,6 +78,9 @@ class MagicFile(_Strict):
     schema_version: int
     l_max: int = Field(ge=1)
     split_kind: Literal["image", "concept"]
+    generalize: Literal["image", "group"] = Field(
+        "group", description="where generalized captions live: per image (paper Sec. 3.1 step 5, the authors' "
+        "code) or per l1 node (Algorithm 1 as printed)")
     nodes: dict[str, Node]
     images: dict[str, ImageRecord]
     merges: list[MergeRecord] = Field(default_factory=list)
@@ -145,6 +152,13 @@ class MagicFile(_Strict):
         n = self.nodes[node]
         found = n.hard_negatives + (n.fallback_negatives if include_fallback else [])
         return found if split is None else [m for m in found if self.images_of(m, split)]
+
+    def generalized_texts(self, image_id: str) -> list[str]:
+        """The generalized captions that pair with an image: its own (generalize: image) or its l1 node's (group)."""
+        record = self.images[image_id]
+        if self.generalize == "image":
+            return list(record.generalized_captions)
+        return list(self.nodes[record.node].generalized_captions)
 
     def split_ids(self, split: str) -> list[str]:
         """Sorted image ids of one split."""
