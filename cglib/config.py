@@ -157,6 +157,11 @@ class ModelParams(Section):
     freeze_text: bool = Field(True, description="Freeze the text tower (lets text embeddings be computed once).")
     image_size: int | None = Field(None, ge=16, le=1024, description="Override the image tower's input size.")
     embed_dim: int | None = Field(None, ge=8, le=4096, description="Override the joint embedding size (cglib configs).")
+    force_activation: Literal["gelu", "quick_gelu"] | None = Field(
+        None, description="MLP activation of both towers. null = the pretrained tag's (open_clip's registry says "
+        "quick_gelu for OpenAI's weights), else the architecture's; a `-quickgelu` architecture with a tag trained "
+        "with GELU (or the reverse) is an error. gelu / quick_gelu override both (e.g. gelu reproduces runs made "
+        "before the activation followed the tag).")
 
 
 # ------------------------------------------------------------------------------------------- train
@@ -186,7 +191,8 @@ class TrainParams(Section):
     weight_decay: float = Field(0.2, ge=0, description="AdamW weight decay (not on biases, norms, logit scale).")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps before the cosine decay.")
     tau: float = Field(0.1, gt=0, description="Outer temperature tau.")
-    tau_inner: float = Field(0.1, gt=0, description="Inner temperature tau'.")
+    tau_inner: float = Field(0.1, gt=0, description="Inner temperature tau' (Eqs. 3, 7). The paper gives no value; "
+                             "the authors' code fixes 0.07 (params/paper.yaml uses it); 0.1 here matches tau.")
     alpha: float = Field(0.7, ge=0.0, le=1.0, description="Weight of the inner term (Eqs. 4, 8).")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clipping.")
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps.")

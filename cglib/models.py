@@ -10,6 +10,11 @@ The project's own configs are registered with open_clip at import:
 
 With `text_tower: minilm` the text side is the pretrained sentence encoder, mean-pooled with no projection, so
 its embeddings equal sentence-transformers' all-MiniLM-L6-v2 exactly (and can be computed once when frozen).
+
+Activation: OpenAI's CLIP weights were trained with QuickGELU, but open_clip's plain `ViT-B-32` config builds
+nn.GELU (open_clip only warns). `resolve_activation` decides from open_clip's pretrained registry, before any
+download: the tag's `quick_gelu` wins for a plain architecture, a `-quickgelu` architecture with a GELU tag (or an
+architecture config that fixes GELU with a QuickGELU tag) is an error, and `model.force_activation` overrides.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import open_clip
@@ -35,6 +43,79 @@ TINY_VISION = {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "hea
 DEMO_VISION = {"image_size": 64, "layers": 4, "width": 192, "patch_size": 8, "head_width": 64}
 TINY_TEXT = {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}
 CGLIB_CONFIGS = ("cglib-demo-vit", "cglib-tiny-vit", "cglib-tiny-clip")
+QUICKGELU_SUFFIX = "-quickgelu"
+
+Activation = Literal["gelu", "quick_gelu"]
+
+
+@dataclass(frozen=True)
+class ActivationChoice:
+    """How `build_model` calls open_clip: which architecture, with or without QuickGELU, and why."""
+
+    activation: Activation
+    arch: str  # open_clip architecture to build (a `-quickgelu` name is built as its base + force_quick_gelu)
+    source: str  # why: "model.force_activation", "pretrained tag 'openai'" or "architecture"
+
+    @property
+    def force_quick_gelu(self) -> bool:
+        return self.activation == "quick_gelu"
+
+
+def _tag_quick_gelu(arch: str, pretrained: str | None) -> bool | None:
+    """The tag's `quick_gelu` from open_clip's registry (no download); None when not a known tag (a file, none)."""
+    if not pretrained or os.path.isfile(pretrained):
+        return None
+    for name in (arch, arch.removesuffix(QUICKGELU_SUFFIX)):
+        cfg = open_clip.get_pretrained_cfg(name, pretrained)
+        if cfg:
+            return bool(cfg.get("quick_gelu", False))
+    return None
+
+
+def resolve_activation(name: str, pretrained: str | None, force: Activation | None = None) -> ActivationChoice:
+    """Decide the MLP activation of `name` + `pretrained` from open_clip's registries alone (before any download).
+
+    A plain architecture (its config does not fix `quick_gelu`, like `ViT-B-32`) follows the tag: OpenAI's weights
+    get QuickGELU. An architecture that fixes it (`ViT-B-32-quickgelu`) must agree with the tag, else ValueError
+    naming both and the fix. `force` ("gelu" / "quick_gelu") overrides both, with a warning when it contradicts the
+    tag. Unknown tags and local files follow the architecture.
+    """
+    if force not in (None, "gelu", "quick_gelu"):
+        raise ValueError(f"model.force_activation must be null, 'gelu' or 'quick_gelu', got {force!r}")
+    if name in CGLIB_CONFIGS:
+        return ActivationChoice(force or "gelu", name, "model.force_activation" if force else "architecture")
+    config = open_clip.get_model_config(name)
+    if config is None:
+        raise ValueError(f"model.name '{name}' is neither a cglib config {CGLIB_CONFIGS} nor an open_clip "
+                         "architecture (see open_clip.list_models())")
+    arch = name
+    base = name.removesuffix(QUICKGELU_SUFFIX)
+    base_config = open_clip.get_model_config(base) if base != name else None
+    if base_config is not None and base_config == {k: v for k, v in config.items() if k != "quick_gelu"}:
+        arch = base  # open_clip's X-quickgelu is X plus quick_gelu: build X, so any tag of X and either activation work
+    declared = config.get("quick_gelu")  # None: the architecture leaves it to the weights
+    tag = _tag_quick_gelu(name, pretrained)
+    if force is not None:
+        if tag is not None and tag != (force == "quick_gelu"):
+            trained = "quick_gelu" if tag else "gelu"
+            warnings.warn(f"model.force_activation: {force} overrides pretrained tag '{pretrained}', whose weights "
+                          f"were trained with {trained}: features will differ from the published model's",
+                          stacklevel=2)
+        if force == "gelu" and declared and arch == name:
+            raise ValueError(f"model.force_activation: gelu cannot apply to '{name}': its config fixes QuickGELU; "
+                             "use an architecture without it")
+        return ActivationChoice(force, arch, "model.force_activation")
+    if tag is None:
+        return ActivationChoice("quick_gelu" if declared else "gelu", arch, "architecture")
+    trained: Activation = "quick_gelu" if tag else "gelu"
+    if declared is not None and bool(declared) != tag:
+        built = "quick_gelu" if declared else "gelu"
+        fix = (f"model.name: {base}" if declared and base != name
+               else "an architecture whose config does not fix quick_gelu")
+        raise ValueError(f"model.name '{name}' builds {built} but pretrained tag '{pretrained}' was trained with "
+                         f"{trained}; set {fix} (the activation then follows the tag), or model.force_activation: "
+                         f"{built} to keep the mismatch on purpose")
+    return ActivationChoice(trained, arch, f"pretrained tag '{pretrained}'")
 
 
 def _minilm_text_cfg() -> dict:
@@ -84,10 +165,19 @@ class ClipModel:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     text_tower: str
+    activation: Activation = "gelu"  # MLP activation of both towers, as resolve_activation decided
+    activation_source: str = "architecture"  # why that activation (tag, architecture or model.force_activation)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def info(self) -> dict[str, Any]:
+        """What a run summary records about the model: name, sizes, towers and the resolved activation."""
+        return {"name": self.name, "image_size": self.image_size, "embed_dim": self.embed_dim,
+                "text_tower": self.text_tower, "activation": self.activation,
+                "activation_source": self.activation_source,
+                "parameters": sum(p.numel() for p in self.model.parameters())}
 
     def text_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters of the text tower (token embedding, transformer, projection) - what `freeze_text` freezes."""
@@ -144,7 +234,6 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
         if params.pretrained:
             raise ValueError(f"model.pretrained must be null for the project config {params.name} "
                              "(it is trained from scratch); use an open_clip name such as ViT-B-32 for weights")
-        arch = _register(params.name, _project_config(params.name, params.text_tower, params.embed_dim))
     else:
         if params.name not in open_clip.list_models():
             raise ValueError(f"model.name '{params.name}' is neither a cglib config {CGLIB_CONFIGS} nor an open_clip "
@@ -152,8 +241,12 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
         if params.text_tower == "minilm":
             raise ValueError(f"text_tower: minilm is only available with the cglib configs {CGLIB_CONFIGS}; "
                              f"set model.text_tower: open_clip for {params.name}")
-        arch = params.name
-    kwargs = {}
+    choice = resolve_activation(params.name, params.pretrained, params.force_activation)  # before any download
+    if params.name in CGLIB_CONFIGS:
+        arch = _register(params.name, _project_config(params.name, params.text_tower, params.embed_dim))
+    else:
+        arch = choice.arch
+    kwargs: dict[str, Any] = {"force_quick_gelu": choice.force_quick_gelu}
     if params.image_size is not None:
         kwargs["force_image_size"] = params.image_size
     _quiet_transformers()
@@ -170,11 +263,22 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
     size = cfg["size"][0] if isinstance(cfg["size"], (tuple, list)) else cfg["size"]
     bundle = ClipModel(model=model, tokenizer=open_clip.get_tokenizer(arch), name=params.name, image_size=int(size),
                        embed_dim=int(model.visual.output_dim), mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
-                       text_tower="minilm" if hasattr(model, "text") else "open_clip")
+                       text_tower="minilm" if hasattr(model, "text") else "open_clip",
+                       activation=choice.activation, activation_source=choice.source)
     if params.freeze_text:
         for p in bundle.text_parameters():
             p.requires_grad_(False)
     return bundle
+
+
+def architecture_params(params: ModelParams) -> ModelParams:
+    """The same architecture and activation with random init and no checkpoint: the shell to load saved weights into.
+
+    Dropping `pretrained` alone would lose the tag's activation (OpenAI's weights need QuickGELU, which the plain
+    `ViT-B-32` does not select), so the resolved activation is pinned in `force_activation`.
+    """
+    choice = resolve_activation(params.name, params.pretrained, params.force_activation)
+    return params.model_copy(update={"pretrained": None, "checkpoint": None, "force_activation": choice.activation})
 
 
 def save_weights(model: torch.nn.Module, path: str | Path) -> Path:

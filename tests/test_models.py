@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import numpy as np
+import open_clip
 import pytest
 import torch
+from open_clip.transformer import QuickGELU
 
 from cglib.config import ModelParams
 from cglib.embed import MINILM_DIM, embed_texts
 from cglib.losses import pairwise_group_loss
 from cglib.models import (
     Towers,
+    architecture_params,
     build_model,
     encode_images,
     encode_texts,
     load_weights,
     pixels_to_tensor,
+    resolve_activation,
     save_weights,
 )
 
@@ -121,3 +125,99 @@ def test_paper_architecture_builds_without_download():
     n = sum(p.numel() for p in bundle.model.parameters())
     assert 150e6 < n < 152e6
     assert (bundle.image_size, bundle.embed_dim) == (224, 512)
+
+
+# ------------------------------------------------------------------------------------- activation (issue 15)
+def activations(model: torch.nn.Module) -> set[str]:
+    """Class names of every GELU-family module in the model (the MLPs of both towers)."""
+    return {type(m).__name__ for m in model.modules() if isinstance(m, (torch.nn.GELU, QuickGELU))}
+
+
+OPENAI_ARCHS = ["RN50", "RN101", "RN50x4", "RN50x16", "RN50x64", "ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-L-14-336"]
+
+
+@pytest.mark.parametrize("arch", OPENAI_ARCHS)
+def test_openai_weights_resolve_to_quickgelu(arch: str) -> None:
+    """Every OpenAI checkpoint was trained with QuickGELU: a plain architecture + `openai` resolves to it, from
+    open_clip's registry alone (no download), and is built as the plain architecture + force_quick_gelu."""
+    choice = resolve_activation(arch, "openai")
+    assert (choice.activation, choice.arch, choice.force_quick_gelu) == ("quick_gelu", arch, True)
+    assert choice.source == "pretrained tag 'openai'"
+    assert resolve_activation(f"{arch}-quickgelu", "openai").activation == "quick_gelu"
+
+
+def test_activation_follows_gelu_tags_and_architectures() -> None:
+    """A GELU-trained tag keeps GELU; with no tag (or a local file) the architecture decides."""
+    assert resolve_activation("ViT-B-32", "laion2b_s34b_b79k").activation == "gelu"
+    assert resolve_activation("ViT-B-32", None).activation == "gelu"
+    assert resolve_activation("ViT-B-32-quickgelu", None).activation == "quick_gelu"
+    assert resolve_activation("ViT-B-32-quickgelu", __file__).source == "architecture"
+    assert resolve_activation("cglib-demo-vit", None).activation == "gelu"
+
+
+def test_activation_mismatch_is_an_error_before_any_download() -> None:
+    """A -quickgelu architecture with a GELU-trained tag is a ValueError naming both and the fix, raised by
+    build_model before open_clip would download (offline, a download attempt would be a RuntimeError instead)."""
+    pattern = ("ViT-B-32-quickgelu.*quick_gelu.*laion2b_s34b_b79k.*trained with gelu.*model.name: ViT-B-32"
+               ".*force_activation")
+    with pytest.raises(ValueError, match=pattern):
+        resolve_activation("ViT-B-32-quickgelu", "laion2b_s34b_b79k")
+    with pytest.raises(ValueError, match=pattern):
+        build_model(ModelParams(name="ViT-B-32-quickgelu", pretrained="laion2b_s34b_b79k", text_tower="open_clip"))
+
+
+def test_force_activation_overrides_with_a_warning() -> None:
+    """model.force_activation wins over tag and architecture; contradicting the tag warns that features differ."""
+    with pytest.warns(UserWarning, match="overrides pretrained tag 'openai'.*quick_gelu"):
+        choice = resolve_activation("ViT-B-32", "openai", "gelu")
+    assert (choice.activation, choice.source) == ("gelu", "model.force_activation")
+    with pytest.warns(UserWarning, match="trained with gelu"):
+        choice = resolve_activation("ViT-B-32-quickgelu", "laion2b_s34b_b79k", "quick_gelu")
+    assert (choice.activation, choice.arch) == ("quick_gelu", "ViT-B-32")  # the tag is registered under the base
+    assert resolve_activation("ViT-B-32-quickgelu", None, "gelu").arch == "ViT-B-32"
+    with pytest.raises(ValueError, match="force_activation must be"):
+        resolve_activation("ViT-B-32", None, "relu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="force_activation"):
+        ModelParams(force_activation="relu")
+
+
+def test_force_activation_builds_quickgelu_modules() -> None:
+    """The built MLPs use the resolved activation (tiny config: default GELU, forced QuickGELU) and the bundle
+    records it with its reason."""
+    gelu = build_model(ModelParams(name="cglib-tiny-clip", text_tower="open_clip"))
+    quick = build_model(ModelParams(name="cglib-tiny-clip", text_tower="open_clip", force_activation="quick_gelu"))
+    assert activations(gelu.model) == {"GELU"} and gelu.info()["activation"] == "gelu"
+    assert activations(quick.model) == {"QuickGELU"}
+    assert (quick.activation, quick.activation_source) == ("quick_gelu", "model.force_activation")
+
+
+def test_architecture_params_keep_the_tag_activation() -> None:
+    """Rebuilding a pretrained model to load saved weights into it keeps the tag's activation (no download)."""
+    shell = architecture_params(ModelParams(name="ViT-B-32", pretrained="openai", text_tower="open_clip"))
+    assert (shell.pretrained, shell.checkpoint, shell.force_activation) == (None, None, "quick_gelu")
+    plain = architecture_params(ModelParams(name="ViT-B-32", text_tower="open_clip"))
+    assert plain.force_activation == "gelu"
+
+
+def test_paper_model_builds_with_quickgelu_offline() -> None:
+    """ViT-B-32 + openai, built as the tag dictates but with random weights: every MLP of both towers is QuickGELU,
+    as in OpenAI's CLIP (open_clip's plain ViT-B-32 config alone would build nn.GELU)."""
+    params = architecture_params(ModelParams(name="ViT-B-32", pretrained="openai", text_tower="open_clip"))
+    bundle = build_model(params)
+    assert activations(bundle.model) == {"QuickGELU"}
+    blocks = [*bundle.model.visual.transformer.resblocks, *bundle.model.transformer.resblocks]
+    assert len(blocks) == 24 and all(isinstance(b.mlp.gelu, QuickGELU) for b in blocks)
+    assert bundle.info()["activation"] == "quick_gelu" and 150e6 < bundle.info()["parameters"] < 152e6
+    assert open_clip.get_pretrained_cfg("ViT-B-32", "openai")["quick_gelu"] is True  # the registry fact relied on
+
+
+def test_paper_profile_uses_openai_activation_and_authors_tau_inner() -> None:
+    """params/paper.yaml: ViT-B-32 + openai resolves to QuickGELU; tau' is the authors' 0.07 (the paper gives none)."""
+    from pathlib import Path
+
+    from cglib.config import load_params
+
+    paper = load_params(Path(__file__).resolve().parent.parent / "params/paper.yaml", check_paths=False)
+    model = paper.model
+    assert resolve_activation(model.name, model.pretrained, model.force_activation).activation == "quick_gelu"
+    assert paper.train.tau_inner == 0.07
