@@ -22,8 +22,25 @@ Conventions shared by every loss here:
 - alpha: `alpha_on="inner"` weights `alpha * inner + (1 - alpha) * outer` (paper, Eqs. 4 and 8);
   `alpha_on="outer"` weights `alpha * outer + (1 - alpha) * inner` (the authors' code, whose default
   alpha = 1.2233 lies outside [0, 1]; any finite alpha is accepted).
+- Identical texts (`text_ids`): every loss takes integer labels of the texts, shaped like the text features
+  without their last axis ((M, N) for groups, (B,) for flat inputs); equal ids mean identical strings (or, as a
+  caller decides, texts that must not be contrasted, e.g. two targets of one group in textual pretraining). Two
+  texts with equal ids are never each other's negatives: their logits are removed from the softmax denominators
+  (masked to -inf), positives are unchanged. Unmasked, two pairs sharing a caption put the same logit in the
+  numerator and in a negative, so the CLIP loss of those anchors cannot go below ln 2. Term by term:
+  * `clip_loss`, `text_alignment_loss`: anchor b and candidate b' != b with ids[b] == ids[b'] (both directions:
+    the image of an identical text is not a negative of that text either).
+  * pairwise outer (Eq. 2): a candidate (h, j) of another group h != g whose id equals the id of ANY text of the
+    anchor's group g is removed from the denominators of every anchor of g (images and texts alike): group g's
+    texts are all positives of its anchors, so a copy of one of them elsewhere is a positive in disguise.
+  * group-vs-group terms (centroid outer Eq. 6, centroid inner Eq. 7, pairwise inner Eq. 3): they contrast
+    centroids, means of whole groups, never an individual text. Two groups are each other's negatives unless
+    they hold the same multiset of ids (then their text centroids are identical, the groups are the same group
+    twice, and they are removed from each other's denominators). A shared caption between otherwise different
+    groups does not mask: their centroids differ and separating those groups is what the loss is for.
+  `text_ids=None`, or ids that are all distinct, give exactly the unmasked values (no other op changes).
 - Distributed: when `torch.distributed` is initialized with world_size > 1, `gather_groups` concatenates every
-  rank's features along the first axis (whole groups; every rank must pass the same shape) and each rank
+  rank's features (and text ids) along the first axis (whole groups; every rank must pass the same shape) and each rank
   returns the loss of the whole global batch, equal to the single-process loss. Gradients flow back to every
   rank's shard through `torch.distributed.nn.functional.all_gather`, whose backward sums the gradient of all
   ranks' (identical) losses: the gradient w.r.t. a rank's local features is world_size times the
@@ -50,7 +67,7 @@ _EPS = 1e-12  # same eps as F.normalize: floor of a norm before dividing by it
 
 # ----------------------------------------------------------------------------------------- distributed
 def gather_groups(features: Tensor) -> Tensor:
-    """Concatenate all ranks' features along dim 0 (whole groups), keeping gradients to every rank's shard."""
+    """Concatenate all ranks' features (or integer text ids) along dim 0, keeping gradients to every rank's shard."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return features
     world_size = dist.get_world_size()
@@ -61,6 +78,10 @@ def gather_groups(features: Tensor) -> Tensor:
     if any(not torch.equal(s, shape) for s in shapes):
         raise ValueError(f"gather_groups: ranks hold features of different shapes {[s.tolist() for s in shapes]}; "
                          "give every rank the same number of groups and pairs per group (drop the last batch)")
+    if not features.is_floating_point():  # text ids: labels, no gradient
+        shards = [torch.empty_like(features) for _ in range(world_size)]
+        dist.all_gather(shards, features.contiguous())
+        return torch.cat(shards, dim=0)
     # torch.distributed.nn's all_gather is differentiable: its backward sums every rank's gradient for a shard
     return torch.cat(torch.distributed.nn.functional.all_gather(features), dim=0)
 
@@ -88,6 +109,20 @@ def _check_features(image_features: Tensor, text_features: Tensor, ndims: tuple[
     for (name, _), ok in zip(pairs, finite, strict=True):
         if not ok:
             raise ValueError(f"{name} contains NaN or Inf; check the encoder output (e.g. fp16 overflow)")
+
+
+def _check_text_ids(text_ids: Tensor | None, text_features: Tensor, name: str = "text_features") -> Tensor | None:
+    """None, or integer ids shaped like the text features without their last axis, on the features' device."""
+    if text_ids is None:
+        return None
+    if not isinstance(text_ids, Tensor):
+        raise TypeError(f"text_ids must be a torch.Tensor of integer labels or None, got {type(text_ids).__name__}")
+    if text_ids.is_floating_point() or text_ids.is_complex() or text_ids.dtype == torch.bool:
+        raise ValueError(f"text_ids must hold integer labels (equal id = identical text), got {text_ids.dtype}")
+    if tuple(text_ids.shape) != tuple(text_features.shape[:-1]):
+        raise ValueError(f"text_ids has shape {tuple(text_ids.shape)} but {name} {tuple(text_features.shape)} "
+                         f"needs {tuple(text_features.shape[:-1])}: one id per text")
+    return text_ids.to(device=text_features.device, dtype=torch.long)
 
 
 def _check_temperature(tau: Temperature, name: str) -> Temperature:
@@ -122,14 +157,15 @@ def _unit(x: Tensor) -> Tensor:
     return F.normalize(x / peak, dim=-1, eps=_EPS)
 
 
-def _run_in_full_precision(image_features: Tensor, text_features: Tensor,
-                           body: Callable[[Tensor, Tensor], dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Cast to full precision, gather groups from all ranks, normalize, and call `body` with autocast off."""
+def _run_in_full_precision(image_features: Tensor, text_features: Tensor, text_ids: Tensor | None,
+                           body: Callable[[Tensor, Tensor, Tensor | None], dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Cast to full precision, gather groups (and ids) from all ranks, normalize, and call `body` with autocast off."""
     with torch.autocast(device_type=image_features.device.type, enabled=False):
         image = gather_groups(_full_precision(image_features, text_features))
         text = gather_groups(_full_precision(text_features, image_features))
+        ids = gather_groups(text_ids) if text_ids is not None else None
         image, text = _unit(torch.stack([image, text])).unbind(0)  # one pass for both: fewer small ops
-        return body(image, text)
+        return body(image, text, ids)
 
 
 def _combine(inner: Tensor, outer: Tensor, alpha: float, alpha_on: AlphaOn, return_parts: bool
@@ -138,20 +174,56 @@ def _combine(inner: Tensor, outer: Tensor, alpha: float, alpha_on: AlphaOn, retu
     return {"loss": loss, "inner": inner, "outer": outer} if return_parts else loss
 
 
+# ------------------------------------------------------------------------------------------------ masks
+def _equal_rows(rows: Tensor) -> Tensor:
+    """(K, K) from (K, D): True where two different rows are equal (K x K matrix with a False diagonal)."""
+    same = (rows[:, None] == rows[None, :]).all(dim=-1)
+    return same & ~torch.eye(len(rows), dtype=torch.bool, device=rows.device)
+
+
+def _identical_pairs(ids: Tensor) -> Tensor:
+    """(B, B) from (B,) ids: True where two different pairs have identical texts (never each other's negatives)."""
+    return _equal_rows(ids[:, None])
+
+
+def _same_groups(ids: Tensor) -> Tensor:
+    """(M, M) from (M, N) ids: True where two different groups hold the same multiset of ids (the same texts)."""
+    return _equal_rows(ids.sort(dim=1).values)
+
+
+def _shared_texts(ids: Tensor) -> Tensor:
+    """(M, M*N) from (M, N) ids: [g, (h, j)] True where h != g and text (h, j) equals some text of group g."""
+    m, n = ids.shape
+    shared = (ids[:, :, None, None] == ids[None, None]).any(dim=1)  # (M_g, M_h, N_j)
+    shared &= ~torch.eye(m, dtype=torch.bool, device=ids.device)[:, :, None]
+    return shared.reshape(m, m * n)
+
+
 # ------------------------------------------------------------------------------------------ building blocks
-def _symmetric_info_nce(image: Tensor, text: Tensor, tau: Temperature) -> Tensor:
-    """CLIP loss on unit vectors (B, L): row b of each side is the positive of row b of the other."""
+def _symmetric_info_nce(image: Tensor, text: Tensor, tau: Temperature, not_negative: Tensor | None = None) -> Tensor:
+    """CLIP loss on unit vectors (B, L): row b of each side is the positive of row b of the other.
+
+    `not_negative` (B, B), symmetric with a False diagonal: candidates removed from each anchor's denominator.
+    """
     logits = image @ text.T / tau
+    if not_negative is not None:  # symmetric, so the same mask serves logits.T (texts as anchors)
+        logits = logits.masked_fill(not_negative, float("-inf"))
     both_directions = torch.cat([logits, logits.T])  # rows: images as anchors, then texts as anchors
     labels = torch.arange(logits.shape[0], device=logits.device).repeat(2)
     return F.cross_entropy(both_directions, labels)  # = mean of the image->text and text->image losses
 
 
-def _pairwise_outer(image: Tensor, text: Tensor, tau: Temperature) -> Tensor:
-    """Eq. 2: -log(sum over the anchor group's N positives / sum over all M*N), both directions, mean 1/(2MN)."""
+def _pairwise_outer(image: Tensor, text: Tensor, tau: Temperature, ids: Tensor | None = None) -> Tensor:
+    """Eq. 2: -log(sum over the anchor group's N positives / sum over all M*N), both directions, mean 1/(2MN).
+
+    With ids, a candidate of another group identical to a text of the anchor's group leaves the denominator.
+    """
     m, n, dim = image.shape
     logits = image.reshape(m * n, dim) @ text.reshape(m * n, dim).T / tau
     both_directions = torch.stack([logits, logits.T])  # [0]: image anchors, [1]: text anchors
+    if ids is not None:  # the mask depends on the anchor's group only: row (g, i) uses row g of _shared_texts
+        shared = _shared_texts(ids)[:, None].expand(m, n, m * n).reshape(m * n, m * n)
+        both_directions = both_directions.masked_fill(shared, float("-inf"))  # diagonal blocks are never masked
     log_all = both_directions.logsumexp(dim=-1)  # (2, M*N)
     # positives of anchor (g, i) are the candidates (g, j): the diagonal blocks of the (M, N, M, N) view
     positives = torch.diagonal(both_directions.reshape(2, m, n, m, n), dim1=1, dim2=3)  # (2, N_i, N_j, M)
@@ -159,14 +231,15 @@ def _pairwise_outer(image: Tensor, text: Tensor, tau: Temperature) -> Tensor:
     return (log_all - log_positive).mean()
 
 
-def _pairwise_inner(image: Tensor, text: Tensor, tau_inner: Temperature, normalize_products: bool) -> Tensor:
+def _pairwise_inner(image: Tensor, text: Tensor, tau_inner: Temperature, normalize_products: bool,
+                    ids: Tensor | None = None) -> Tensor:
     """Eq. 3: classify each of the M*N*N combined vectors I[g,i] * T[g,j] among the M centroids, cosine / tau'.
 
     The dot products <I_i * T_j, mu_h> = sum_l I_il T_jl mu_hl go through whichever intermediate is smaller: the
     (M, N*M, L) vectors I_i * mu_h (one batched matmul with T per group) when M < N, else the (M*N*N, L)
     combined vectors times the centroids; memory O(M*N*L*min(M, N)). This pair was the fastest of the exact
     formulations measured in benchmarks/bench_losses.py (einsum was no faster). The norms factorize too:
-    ||I_i * T_j||^2 = (I*I)_i . (T*T)_j.
+    ||I_i * T_j||^2 = (I*I)_i . (T*T)_j. With ids, groups holding the same texts are not each other's negatives.
     """
     m, n, dim = image.shape
     norms = torch.bmm(image * image, (text * text).transpose(1, 2)).clamp_min(_EPS**2).sqrt()  # (M, N, N)
@@ -182,19 +255,24 @@ def _pairwise_inner(image: Tensor, text: Tensor, tau_inner: Temperature, normali
     else:
         dots = (image.unsqueeze(2) * text.unsqueeze(1)).reshape(m * n * n, dim) @ centroids.T
     logits = dots / norms.reshape(m * n * n, 1) / tau_inner  # cosine similarity: (M*N*N, M), rows (g, i, j)
+    if ids is not None:
+        logits = logits.masked_fill(_same_groups(ids).repeat_interleave(n * n, dim=0), float("-inf"))
     labels = torch.arange(m, device=image.device).repeat_interleave(n * n)
     return F.cross_entropy(logits, labels)
 
 
-def _centroid_parts(image: Tensor, text: Tensor, tau: Temperature, tau_inner: Temperature
-                    ) -> tuple[Tensor, Tensor]:
-    """Eqs. 5-7 on unit vectors: (inner, outer) of the centroid loss."""
+def _centroid_parts(image: Tensor, text: Tensor, tau: Temperature, tau_inner: Temperature,
+                    ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Eqs. 5-7 on unit vectors: (inner, outer) of the centroid loss; groups with the same texts are not negatives."""
     m, n, dim = image.shape
+    same_groups = _same_groups(ids) if ids is not None else None
     features = torch.stack([image, text])  # (2, M, N, L): both modalities through the same ops
     centroids = F.normalize(features.mean(dim=2), dim=-1, eps=_EPS)  # Eq. 5, (2, M, L)
-    outer = _symmetric_info_nce(centroids[0], centroids[1], tau)  # Eq. 6
+    outer = _symmetric_info_nce(centroids[0], centroids[1], tau, same_groups)  # Eq. 6
     # Eq. 7: each image among the image centroids, each text among the text centroids
     logits = torch.bmm(features.reshape(2, m * n, dim), centroids.transpose(1, 2)) / tau_inner  # (2, M*N, M)
+    if same_groups is not None:
+        logits = logits.masked_fill(same_groups.repeat_interleave(n, dim=0), float("-inf"))
     labels = torch.arange(m, device=image.device).repeat_interleave(n).repeat(2)
     inner = F.cross_entropy(logits.reshape(2 * m * n, m), labels)
     return inner, outer
@@ -203,55 +281,75 @@ def _centroid_parts(image: Tensor, text: Tensor, tau: Temperature, tau_inner: Te
 # --------------------------------------------------------------------------------------------- public
 def pairwise_group_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1,
                         tau_inner: Temperature = 0.1, alpha: float = 0.7, *, alpha_on: AlphaOn = "inner",
-                        normalize_products: bool = False, return_parts: bool = False
-                        ) -> Tensor | dict[str, Tensor]:
-    """Pairwise group loss (Eqs. 1-4) of (M, N, L) features; `return_parts` gives {loss, inner, outer}."""
+                        normalize_products: bool = False, return_parts: bool = False,
+                        text_ids: Tensor | None = None) -> Tensor | dict[str, Tensor]:
+    """Pairwise group loss (Eqs. 1-4) of (M, N, L) features; `return_parts` gives {loss, inner, outer}.
+
+    `text_ids` (M, N): equal ids are identical texts, never each other's negatives (see the module docstring).
+    """
     _check_features(image_features, text_features, ndims=(3,))
+    text_ids = _check_text_ids(text_ids, text_features)
     tau, tau_inner = _check_temperature(tau, "tau"), _check_temperature(tau_inner, "tau_inner")
     _check_weighting(alpha, alpha_on)
 
-    def body(image: Tensor, text: Tensor) -> dict[str, Tensor]:
-        inner = _pairwise_inner(image, text, tau_inner, normalize_products)
-        return {"inner": inner, "outer": _pairwise_outer(image, text, tau)}
+    def body(image: Tensor, text: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
+        inner = _pairwise_inner(image, text, tau_inner, normalize_products, ids)
+        return {"inner": inner, "outer": _pairwise_outer(image, text, tau, ids)}
 
-    parts = _run_in_full_precision(image_features, text_features, body)
+    parts = _run_in_full_precision(image_features, text_features, text_ids, body)
     return _combine(parts["inner"], parts["outer"], alpha, alpha_on, return_parts)
 
 
 def centroid_group_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1,
                         tau_inner: Temperature = 0.1, alpha: float = 0.7, *, alpha_on: AlphaOn = "inner",
-                        return_parts: bool = False) -> Tensor | dict[str, Tensor]:
-    """Centroid group loss (Eqs. 5-8) of (M, N, L) features; `return_parts` gives {loss, inner, outer}."""
+                        return_parts: bool = False, text_ids: Tensor | None = None) -> Tensor | dict[str, Tensor]:
+    """Centroid group loss (Eqs. 5-8) of (M, N, L) features; `return_parts` gives {loss, inner, outer}.
+
+    `text_ids` (M, N): two groups holding the same multiset of ids are not each other's negatives (module docstring).
+    """
     _check_features(image_features, text_features, ndims=(3,))
+    text_ids = _check_text_ids(text_ids, text_features)
     tau, tau_inner = _check_temperature(tau, "tau"), _check_temperature(tau_inner, "tau_inner")
     _check_weighting(alpha, alpha_on)
 
-    def body(image: Tensor, text: Tensor) -> dict[str, Tensor]:
-        inner, outer = _centroid_parts(image, text, tau, tau_inner)
+    def body(image: Tensor, text: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
+        inner, outer = _centroid_parts(image, text, tau, tau_inner, ids)
         return {"inner": inner, "outer": outer}
 
-    parts = _run_in_full_precision(image_features, text_features, body)
+    parts = _run_in_full_precision(image_features, text_features, text_ids, body)
     return _combine(parts["inner"], parts["outer"], alpha, alpha_on, return_parts)
 
 
-def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1) -> Tensor:
-    """Standard symmetric InfoNCE over all M*N pairs of (M, N, L) or (B, L) features (the CLIP baseline)."""
+def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1, *,
+              text_ids: Tensor | None = None) -> Tensor:
+    """Standard symmetric InfoNCE over all M*N pairs of (M, N, L) or (B, L) features (the CLIP baseline).
+
+    Equal to open_clip's ClipLoss (logit_scale = 1/tau) when no two texts are identical. `text_ids` ((M, N) or
+    (B,)): pairs whose texts have equal ids are removed from each other's denominators, in both directions.
+    """
     _check_features(image_features, text_features, ndims=(2, 3))
+    text_ids = _check_text_ids(text_ids, text_features)
     tau = _check_temperature(tau, "tau")
     dim = image_features.shape[-1]
 
-    def body(image: Tensor, text: Tensor) -> dict[str, Tensor]:
-        return {"loss": _symmetric_info_nce(image.reshape(-1, dim), text.reshape(-1, dim), tau)}
+    def body(image: Tensor, text: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
+        not_negative = _identical_pairs(ids.reshape(-1)) if ids is not None else None
+        return {"loss": _symmetric_info_nce(image.reshape(-1, dim), text.reshape(-1, dim), tau, not_negative)}
 
-    return _run_in_full_precision(image_features, text_features, body)["loss"]
+    return _run_in_full_precision(image_features, text_features, text_ids, body)["loss"]
 
 
-def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1) -> Tensor:
-    """Text-text symmetric InfoNCE between (B, L) embeddings, row b of each the positive of the other (Sec. 3.2.4)."""
+def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1, *,
+                        text_ids: Tensor | None = None) -> Tensor:
+    """Text-text symmetric InfoNCE between (B, L) embeddings, row b of each the positive of the other (Sec. 3.2.4).
+
+    `text_ids` (B,): rows with equal ids (identical targets, or targets of one group) are not each other's negatives.
+    """
     _check_features(text_a, text_b, ndims=(2,), names=("text_a", "text_b"))
+    text_ids = _check_text_ids(text_ids, text_b, name="text_b")
     tau = _check_temperature(tau, "tau")
 
-    def body(a: Tensor, b: Tensor) -> dict[str, Tensor]:
-        return {"loss": _symmetric_info_nce(a, b, tau)}
+    def body(a: Tensor, b: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
+        return {"loss": _symmetric_info_nce(a, b, tau, _identical_pairs(ids) if ids is not None else None)}
 
-    return _run_in_full_precision(text_a, text_b, body)["loss"]
+    return _run_in_full_precision(text_a, text_b, text_ids, body)["loss"]

@@ -4,6 +4,11 @@ They are the ground truth that tests/test_losses.py compares `cglib.losses` agai
 of benchmarks/bench_losses.py. Deliberately naive: Python loops over groups, pairs and anchors, one cosine at a
 time, `-log(numerator / denominator)` as printed (use float64 in tests). Features are (M, N, L); each vector is
 L2-normalized first, as the library does.
+
+`ids` (optional, nested lists or a tensor of text ids, shaped like the texts) applies the identity rule of
+cglib.losses literally, by skipping candidates in the denominators: a candidate whose text is identical to the
+anchor's (flat losses), identical to a text of the anchor's group (pairwise outer), or a group holding the same
+multiset of texts as the anchor's group (centroid terms and the pairwise inner term). None skips nothing.
 """
 
 from __future__ import annotations
@@ -26,30 +31,49 @@ def _units(features: Tensor) -> list[list[Tensor]]:
     return [[unit(features[g, i]) for i in range(features.shape[1])] for g in range(features.shape[0])]
 
 
-def ref_clip_loss(image: Tensor, text: Tensor, tau: float) -> Tensor:
+def _as_lists(ids) -> list | None:
+    return ids.tolist() if isinstance(ids, Tensor) else ids
+
+
+def _same_group(ids: list | None, g: int, h: int) -> bool:
+    """Groups g != h hold the same multiset of text ids."""
+    return ids is not None and g != h and sorted(ids[g]) == sorted(ids[h])
+
+
+def ref_clip_loss(image: Tensor, text: Tensor, tau: float, ids=None) -> Tensor:
     """CLIP InfoNCE over B pairs, (B, L) each: mean of image->text and text->image -log softmax of the diagonal."""
+    ids = _as_lists(ids)
     imgs, txts = [unit(x) for x in image], [unit(x) for x in text]
     b = len(imgs)
+
+    def candidates(k: int) -> list[int]:  # the anchor's own pair, and every pair whose text is not identical
+        return [m for m in range(b) if m == k or ids is None or ids[m] != ids[k]]
+
     total = image.new_zeros(())
     for k in range(b):
         total = total - torch.log(torch.exp(cos(imgs[k], txts[k]) / tau)
-                                  / sum(torch.exp(cos(imgs[k], txts[m]) / tau) for m in range(b)))
+                                  / sum(torch.exp(cos(imgs[k], txts[m]) / tau) for m in candidates(k)))
         total = total - torch.log(torch.exp(cos(txts[k], imgs[k]) / tau)
-                                  / sum(torch.exp(cos(txts[k], imgs[m]) / tau) for m in range(b)))
+                                  / sum(torch.exp(cos(txts[k], imgs[m]) / tau) for m in candidates(k)))
     return total / (2 * b)
 
 
-def ref_pairwise_outer(image: Tensor, text: Tensor, tau: float) -> Tensor:
+def ref_pairwise_outer(image: Tensor, text: Tensor, tau: float, ids=None) -> Tensor:
     """Eq. 2: each image's positives are the N texts of its group, denominator all M*N texts; and vice versa."""
+    ids = _as_lists(ids)
     m, n = image.shape[:2]
     imgs, txts = _units(image), _units(text)
+
+    def kept(g: int, h: int, j: int) -> bool:  # candidate (h, j) stays unless its text is one of group g's
+        return h == g or ids is None or ids[h][j] not in ids[g]
+
     total = image.new_zeros(())
     for anchors, others in ((imgs, txts), (txts, imgs)):
         for g in range(m):
             for i in range(n):
                 positive = sum(torch.exp(cos(anchors[g][i], others[g][j]) / tau) for j in range(n))
                 everything = sum(torch.exp(cos(anchors[g][i], others[h][j]) / tau)
-                                 for h in range(m) for j in range(n))
+                                 for h in range(m) for j in range(n) if kept(g, h, j))
                 total = total - torch.log(positive / everything)
     return total / (2 * m * n)
 
@@ -68,8 +92,10 @@ def ref_pairwise_centroids(image: Tensor, text: Tensor, normalize_products: bool
     return centroids
 
 
-def ref_pairwise_inner(image: Tensor, text: Tensor, tau_inner: float, normalize_products: bool = False) -> Tensor:
+def ref_pairwise_inner(image: Tensor, text: Tensor, tau_inner: float, normalize_products: bool = False,
+                       ids=None) -> Tensor:
     """Eq. 3: every combined vector I[g,i] * T[g,j] classified among the M centroids by s(., mu_h) / tau'."""
+    ids = _as_lists(ids)
     m, n = image.shape[:2]
     imgs, txts = _units(image), _units(text)
     centroids = ref_pairwise_centroids(image, text, normalize_products)
@@ -81,7 +107,8 @@ def ref_pairwise_inner(image: Tensor, text: Tensor, tau_inner: float, normalize_
                 if normalize_products:
                     c = unit(c)
                 numerator = torch.exp(cos(c, centroids[g]) / tau_inner)
-                denominator = sum(torch.exp(cos(c, centroids[h]) / tau_inner) for h in range(m))
+                denominator = sum(torch.exp(cos(c, centroids[h]) / tau_inner) for h in range(m)
+                                  if not _same_group(ids, g, h))
                 total = total - torch.log(numerator / denominator)
     return total / (m * n * n)
 
@@ -94,10 +121,10 @@ def weighted(inner: Tensor, outer: Tensor, alpha: float, alpha_on: str) -> Tenso
 
 
 def ref_pairwise_loss(image: Tensor, text: Tensor, tau: float, tau_inner: float, alpha: float,
-                      alpha_on: str = "inner", normalize_products: bool = False) -> Tensor:
+                      alpha_on: str = "inner", normalize_products: bool = False, ids=None) -> Tensor:
     """Eq. 4."""
-    return weighted(ref_pairwise_inner(image, text, tau_inner, normalize_products),
-                    ref_pairwise_outer(image, text, tau), alpha, alpha_on)
+    return weighted(ref_pairwise_inner(image, text, tau_inner, normalize_products, ids),
+                    ref_pairwise_outer(image, text, tau, ids), alpha, alpha_on)
 
 
 def ref_centroids(features: Tensor) -> list[Tensor]:
@@ -106,20 +133,23 @@ def ref_centroids(features: Tensor) -> list[Tensor]:
     return [sum(group) / len(group) for group in units]
 
 
-def ref_centroid_outer(image: Tensor, text: Tensor, tau: float) -> Tensor:
+def ref_centroid_outer(image: Tensor, text: Tensor, tau: float, ids=None) -> Tensor:
     """Eq. 6: CLIP InfoNCE between the M image centroids and the M text centroids."""
+    ids = _as_lists(ids)
     m = image.shape[0]
     image_centroids, text_centroids = ref_centroids(image), ref_centroids(text)
     total = image.new_zeros(())
     for anchors, others in ((image_centroids, text_centroids), (text_centroids, image_centroids)):
         for g in range(m):
             total = total - torch.log(torch.exp(cos(anchors[g], others[g]) / tau)
-                                      / sum(torch.exp(cos(anchors[g], others[h]) / tau) for h in range(m)))
+                                      / sum(torch.exp(cos(anchors[g], others[h]) / tau) for h in range(m)
+                                            if not _same_group(ids, g, h)))
     return total / (2 * m)
 
 
-def ref_centroid_inner(image: Tensor, text: Tensor, tau_inner: float) -> Tensor:
+def ref_centroid_inner(image: Tensor, text: Tensor, tau_inner: float, ids=None) -> Tensor:
     """Eq. 7: each image among the M image centroids, each text among the M text centroids, with tau'."""
+    ids = _as_lists(ids)
     m, n = image.shape[:2]
     total = image.new_zeros(())
     for features in (image, text):
@@ -128,12 +158,13 @@ def ref_centroid_inner(image: Tensor, text: Tensor, tau_inner: float) -> Tensor:
             for i in range(n):
                 total = total - torch.log(
                     torch.exp(cos(units[g][i], centroids[g]) / tau_inner)
-                    / sum(torch.exp(cos(units[g][i], centroids[h]) / tau_inner) for h in range(m)))
+                    / sum(torch.exp(cos(units[g][i], centroids[h]) / tau_inner) for h in range(m)
+                          if not _same_group(ids, g, h)))
     return total / (2 * m * n)
 
 
 def ref_centroid_loss(image: Tensor, text: Tensor, tau: float, tau_inner: float, alpha: float,
-                      alpha_on: str = "inner") -> Tensor:
+                      alpha_on: str = "inner", ids=None) -> Tensor:
     """Eq. 8."""
-    return weighted(ref_centroid_inner(image, text, tau_inner), ref_centroid_outer(image, text, tau),
+    return weighted(ref_centroid_inner(image, text, tau_inner, ids), ref_centroid_outer(image, text, tau, ids),
                     alpha, alpha_on)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from reference_losses import (
     ref_centroid_inner,
     ref_centroid_loss,
@@ -263,6 +266,156 @@ def test_gather_groups_is_identity_without_distributed() -> None:
     assert gather_groups(image) is image
 
 
+# ------------------------------------------------------------------------------- identical texts (text_ids)
+# (M=3, N=4) ids: a duplicate inside group 0 (id 1), a text shared by groups 0 and 1 (id 0)...
+SHARED_TEXT_IDS = torch.tensor([[0, 1, 1, 2], [3, 0, 4, 5], [6, 7, 8, 9]])
+# ... and groups 0 and 1 holding the same multiset of texts (in another order), group 2 sharing one of them
+SAME_GROUP_IDS = torch.tensor([[0, 1, 2, 2], [2, 1, 0, 2], [5, 6, 2, 7]])
+IDS_CASES = {"shared_text": SHARED_TEXT_IDS, "same_group": SAME_GROUP_IDS}
+
+LOSSES_WITH_IDS = {
+    "pairwise": lambda i, t, ids: pairwise_group_loss(i, t, TAU, TAU_INNER, ALPHA, text_ids=ids),
+    "pairwise_normalized": lambda i, t, ids: pairwise_group_loss(i, t, TAU, TAU_INNER, ALPHA,
+                                                                 normalize_products=True, text_ids=ids),
+    "centroid": lambda i, t, ids: centroid_group_loss(i, t, TAU, TAU_INNER, ALPHA, text_ids=ids),
+    "clip": lambda i, t, ids: clip_loss(i, t, TAU, text_ids=ids),
+    "text": lambda i, t, ids: text_alignment_loss(i.reshape(-1, i.shape[-1]), t.reshape(-1, t.shape[-1]), TAU,
+                                                  text_ids=None if ids is None else ids.reshape(-1)),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES_WITH_IDS))
+def test_distinct_ids_give_exactly_the_unmasked_loss(name: str) -> None:
+    """text_ids=None and all-distinct ids give bit-identical losses and gradients (nothing else changes)."""
+    image, text = make_features(requires_grad=True)
+    loss = LOSSES_WITH_IDS[name]
+    plain, distinct = loss(image, text, None), loss(image, text, torch.arange(12).reshape(3, 4) * 7 - 20)
+    assert torch.equal(plain, distinct)
+    for got, want in zip(grads(distinct, image, text), grads(plain, image, text), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("case", list(IDS_CASES))
+@pytest.mark.parametrize("normalize_products", [False, True])
+@pytest.mark.parametrize("alpha_on", ["inner", "outer"])
+def test_masked_pairwise_equals_literal_rule(case: str, normalize_products: bool, alpha_on: str) -> None:
+    """With duplicate ids the pairwise loss, its parts and gradients equal the loops that skip those negatives."""
+    image, text = make_features(requires_grad=True)
+    ids = IDS_CASES[case]
+    parts = pairwise_group_loss(image, text, TAU, TAU_INNER, ALPHA, alpha_on=alpha_on,
+                                normalize_products=normalize_products, return_parts=True, text_ids=ids)
+    torch.testing.assert_close(parts["inner"], ref_pairwise_inner(image, text, TAU_INNER, normalize_products, ids))
+    torch.testing.assert_close(parts["outer"], ref_pairwise_outer(image, text, TAU, ids))
+    expected = ref_pairwise_loss(image, text, TAU, TAU_INNER, ALPHA, alpha_on, normalize_products, ids)
+    for got, want in zip(grads(parts["loss"], image, text), grads(expected, image, text), strict=True):
+        torch.testing.assert_close(got, want)
+    assert parts["outer"] < pairwise_group_loss(image, text, TAU, return_parts=True)["outer"]  # fewer negatives
+
+
+@pytest.mark.parametrize("case", list(IDS_CASES))
+def test_masked_centroid_equals_literal_rule(case: str) -> None:
+    """Centroid loss with ids: only groups holding the same multiset of texts leave each other's denominators."""
+    image, text = make_features(requires_grad=True)
+    ids = IDS_CASES[case]
+    parts = centroid_group_loss(image, text, TAU, TAU_INNER, ALPHA, return_parts=True, text_ids=ids)
+    torch.testing.assert_close(parts["inner"], ref_centroid_inner(image, text, TAU_INNER, ids))
+    torch.testing.assert_close(parts["outer"], ref_centroid_outer(image, text, TAU, ids))
+    expected = ref_centroid_loss(image, text, TAU, TAU_INNER, ALPHA, ids=ids)
+    for got, want in zip(grads(parts["loss"], image, text), grads(expected, image, text), strict=True):
+        torch.testing.assert_close(got, want)
+    unmasked = centroid_group_loss(image, text, TAU, TAU_INNER, ALPHA, return_parts=True)
+    if case == "shared_text":  # a shared caption between different groups does not make them the same group
+        torch.testing.assert_close(parts["loss"], unmasked["loss"], rtol=0, atol=0)
+    else:
+        assert parts["loss"] < unmasked["loss"]
+
+
+@pytest.mark.parametrize("case", list(IDS_CASES))
+def test_masked_clip_and_text_alignment_equal_literal_rule(case: str) -> None:
+    """clip_loss ((M, N) ids) and text_alignment_loss ((B,) ids) equal the loops skipping identical texts."""
+    image, text = make_features(requires_grad=True)
+    ids = IDS_CASES[case]
+    flat_i, flat_t, flat_ids = image.reshape(-1, 6), text.reshape(-1, 6), ids.reshape(-1)
+    expected = ref_clip_loss(flat_i, flat_t, TAU, flat_ids)
+    got = clip_loss(image, text, TAU, text_ids=ids)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(clip_loss(flat_i, flat_t, TAU, text_ids=flat_ids), expected)
+    for g, w in zip(grads(got, image, text), grads(expected, image, text), strict=True):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(text_alignment_loss(flat_i, flat_t, 0.05, text_ids=flat_ids),
+                               ref_clip_loss(flat_i, flat_t, 0.05, flat_ids))
+
+
+def test_duplicates_inside_one_group_change_no_group_loss() -> None:
+    """A text repeated inside its own group is a positive either way: group losses are exactly unchanged."""
+    image, text = make_features()
+    ids = torch.tensor([[0, 0, 1, 1], [2, 2, 2, 3], [4, 5, 6, 7]])
+    for name in ("pairwise", "pairwise_normalized", "centroid"):
+        loss = LOSSES_WITH_IDS[name]
+        assert torch.equal(loss(image, text, ids), loss(image, text, None)), name
+
+
+def test_clip_loss_equals_open_clip_clip_loss() -> None:
+    """clip_loss is open_clip's ClipLoss (logit_scale = 1/tau) when no two texts are identical, with or without ids;
+    with identical texts it is the masked loss, which ClipLoss does not implement (it lies above)."""
+    from open_clip.loss import ClipLoss
+
+    image, text = make_features(m=4, n=5, dim=8)
+    flat_i, flat_t = image.reshape(-1, 8), text.reshape(-1, 8)
+    reference = ClipLoss()(F.normalize(flat_i, dim=-1), F.normalize(flat_t, dim=-1), logit_scale=1 / TAU)
+    torch.testing.assert_close(clip_loss(image, text, TAU), reference)
+    torch.testing.assert_close(clip_loss(image, text, TAU, text_ids=torch.arange(20).reshape(4, 5)), reference)
+    ids = torch.arange(20).reshape(4, 5)
+    ids[3, 4] = ids[0, 0]
+    same_text = text.clone()
+    same_text[3, 4] = same_text[0, 0]  # the caption of pair (0, 0) again
+    flat_same = F.normalize(same_text.reshape(-1, 8), dim=-1)
+    assert clip_loss(image, same_text, TAU, text_ids=ids) < ClipLoss()(F.normalize(flat_i, dim=-1), flat_same,
+                                                                       logit_scale=1 / TAU)
+
+
+def test_identical_captions_put_a_floor_of_ln2_on_unmasked_clip() -> None:
+    """Two pairs sharing one caption: unmasked, the CLIP loss cannot go below ln 2 whatever the images (the shared
+    caption is a positive and a negative at once); masked, perfectly matching images reach 0."""
+    caption = torch.tensor([[1.0, 0.0, 0.0]])
+    texts = caption.repeat(2, 1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        images = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+        assert clip_loss(images, texts.double(), 0.01) >= math.log(2) - 1e-12
+    same = torch.tensor([0, 0])
+    torch.testing.assert_close(clip_loss(texts.clone(), texts, 0.01), torch.tensor(math.log(2)))
+    torch.testing.assert_close(clip_loss(texts.clone(), texts, 0.01, text_ids=same), torch.tensor(0.0))
+
+
+@pytest.mark.parametrize("name", list(LOSSES_WITH_IDS))
+def test_gradcheck_masked(name: str) -> None:
+    """Analytic gradients on the masked path (duplicates within and across groups, a repeated group) match finite
+    differences, for the features and a learned temperature."""
+    image, text = make_features(m=3, n=2, dim=4, requires_grad=True)
+    tau = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([[0, 1], [1, 0], [2, 0]])  # groups 0 and 1 hold the same texts; text 0 is in every group
+    fns = {
+        "pairwise": lambda i, t, s: pairwise_group_loss(i, t, s, s * 2, ALPHA, text_ids=ids),
+        "pairwise_normalized": lambda i, t, s: pairwise_group_loss(i, t, s, 0.4, ALPHA, normalize_products=True,
+                                                                   text_ids=ids),
+        "centroid": lambda i, t, s: centroid_group_loss(i, t, s, s, ALPHA, text_ids=ids),
+        "clip": lambda i, t, s: clip_loss(i, t, s, text_ids=ids),
+        "text": lambda i, t, s: text_alignment_loss(i.reshape(-1, 4), t.reshape(-1, 4), s, text_ids=ids.reshape(-1)),
+    }
+    assert torch.autograd.gradcheck(fns[name], (image, text, tau))
+
+
+@pytest.mark.parametrize("name", list(LOSSES_WITH_IDS))
+def test_masked_losses_equivariant_to_permuting_groups(name: str) -> None:
+    """Reordering groups together with their ids keeps every masked loss."""
+    image, text = make_features()
+    perm = torch.tensor([2, 0, 1])
+    loss = LOSSES_WITH_IDS[name]
+    for ids in IDS_CASES.values():
+        torch.testing.assert_close(loss(image[perm], text[perm], ids[perm]), loss(image, text, ids))
+
+
 # ----------------------------------------------------------------------------------------- bad input
 BAD_INPUTS = [
     (lambda: pairwise_group_loss(torch.randn(4, 8), torch.randn(4, 8)), "shape \\(M groups, N pairs, L\\)"),
@@ -286,6 +439,11 @@ BAD_INPUTS = [
     (lambda: clip_loss(torch.randn(2, 4), torch.randn(2, 4), tau=torch.ones(2)), "0-dim tensor"),
     (lambda: pairwise_group_loss(torch.randn(2, 3, 4), torch.randn(2, 3, 4), alpha_on="both"), "alpha_on"),
     (lambda: centroid_group_loss(torch.randn(2, 3, 4), torch.randn(2, 3, 4), alpha=float("nan")), "alpha must"),
+    (lambda: pairwise_group_loss(torch.randn(2, 3, 4), torch.randn(2, 3, 4), text_ids=torch.zeros(6, dtype=torch.long)),
+     "text_ids has shape \\(6,\\) .* needs \\(2, 3\\)"),
+    (lambda: clip_loss(torch.randn(6, 4), torch.randn(6, 4), text_ids=torch.zeros(6)), "integer labels"),
+    (lambda: text_alignment_loss(torch.randn(3, 4), torch.randn(3, 4), text_ids=torch.zeros(2, dtype=torch.long)),
+     "text_ids has shape \\(2,\\) but text_b"),
 ]
 
 

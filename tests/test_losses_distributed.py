@@ -24,13 +24,22 @@ pytestmark = pytest.mark.slow  # spawns two processes that import torch
 WORLD_SIZE = 2
 M_PER_RANK, N, IN_DIM, DIM = 2, 3, 10, 6
 
-LOSSES = {  # tau: the model's learned temperature (a 0-dim tensor); tau' fixed
-    "pairwise": lambda i, t, tau: pairwise_group_loss(i, t, tau, 0.2, 0.7),
-    "pairwise_authors": lambda i, t, tau: pairwise_group_loss(i, t, tau, 0.2, 1.2233, alpha_on="outer",
-                                                              normalize_products=True),
-    "centroid": lambda i, t, tau: centroid_group_loss(i, t, tau, 0.2, 0.7),
-    "clip": lambda i, t, tau: clip_loss(i, t, tau),
-    "text_alignment": lambda i, t, tau: text_alignment_loss(i.reshape(-1, DIM), t.reshape(-1, DIM), tau),
+# Text ids of the global batch, (WORLD_SIZE * M_PER_RANK, N): duplicates across ranks (id 0 on both, id 2 in groups
+# 0 and 3) and groups 1 and 2, on different ranks, holding the same texts: masking needs the gathered ids.
+GLOBAL_IDS = torch.tensor([[0, 1, 2], [3, 4, 5], [5, 3, 4], [0, 2, 6]])
+
+LOSSES = {  # tau: the model's learned temperature (a 0-dim tensor); tau' fixed; ids: this process's text ids
+    "pairwise": lambda i, t, tau, ids: pairwise_group_loss(i, t, tau, 0.2, 0.7),
+    "pairwise_authors": lambda i, t, tau, ids: pairwise_group_loss(i, t, tau, 0.2, 1.2233, alpha_on="outer",
+                                                                   normalize_products=True),
+    "centroid": lambda i, t, tau, ids: centroid_group_loss(i, t, tau, 0.2, 0.7),
+    "clip": lambda i, t, tau, ids: clip_loss(i, t, tau),
+    "text_alignment": lambda i, t, tau, ids: text_alignment_loss(i.reshape(-1, DIM), t.reshape(-1, DIM), tau),
+    "pairwise_ids": lambda i, t, tau, ids: pairwise_group_loss(i, t, tau, 0.2, 0.7, text_ids=ids),
+    "centroid_ids": lambda i, t, tau, ids: centroid_group_loss(i, t, tau, 0.2, 0.7, text_ids=ids),
+    "clip_ids": lambda i, t, tau, ids: clip_loss(i, t, tau, text_ids=ids),
+    "text_alignment_ids": lambda i, t, tau, ids: text_alignment_loss(i.reshape(-1, DIM), t.reshape(-1, DIM), tau,
+                                                                     text_ids=ids.reshape(-1)),
 }
 
 
@@ -56,7 +65,8 @@ def global_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
-def run_losses(model: torch.nn.Module, x_image: torch.Tensor, x_text: torch.Tensor) -> dict[str, dict]:
+def run_losses(model: torch.nn.Module, x_image: torch.Tensor, x_text: torch.Tensor, ids: torch.Tensor
+               ) -> dict[str, dict]:
     """Loss value, feature gradients and (DDP-averaged, when wrapped) parameter gradients of every loss."""
     results = {}
     for name, loss_fn in LOSSES.items():
@@ -64,7 +74,7 @@ def run_losses(model: torch.nn.Module, x_image: torch.Tensor, x_text: torch.Tens
         image, text, tau = model(x_image, x_text)
         image.retain_grad()
         text.retain_grad()
-        loss = loss_fn(image, text, tau)
+        loss = loss_fn(image, text, tau, ids)
         loss.backward()
         params = model.module if isinstance(model, DistributedDataParallel) else model
         results[name] = {"loss": loss.detach(), "image_grad": image.grad, "text_grad": text.grad,
@@ -81,7 +91,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         x_image, x_text = global_batch()
         shard = slice(rank * M_PER_RANK, (rank + 1) * M_PER_RANK)
         model = DistributedDataParallel(TwoTowers())
-        results = run_losses(model, x_image[shard], x_text[shard])
+        results = run_losses(model, x_image[shard], x_text[shard], GLOBAL_IDS[shard])
         # ranks holding different numbers of groups must fail loudly, not hang or mix groups
         try:
             uneven = torch.randn(rank + 1, N, DIM)
@@ -110,7 +120,7 @@ def distributed_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 @pytest.fixture(scope="module")
 def single_results() -> dict:
     x_image, x_text = global_batch()
-    return run_losses(TwoTowers(), x_image, x_text)
+    return run_losses(TwoTowers(), x_image, x_text, GLOBAL_IDS)
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
@@ -137,6 +147,12 @@ def test_local_feature_gradients_are_world_size_times_single_process(distributed
         shard = slice(rank * M_PER_RANK, (rank + 1) * M_PER_RANK)
         for key in ("image_grad", "text_grad"):
             torch.testing.assert_close(rank_results[name][key], WORLD_SIZE * single_results[name][key][shard])
+
+
+@pytest.mark.parametrize("name", ["pairwise", "centroid", "clip", "text_alignment"])
+def test_masking_across_ranks_changes_the_loss(single_results, name: str) -> None:
+    """The ids above do mask something in every loss, so the distributed check covers the gathered ids."""
+    assert single_results[f"{name}_ids"]["loss"] < single_results[name]["loss"]
 
 
 def test_uneven_shards_raise_value_error(distributed_results) -> None:
