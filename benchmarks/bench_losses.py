@@ -5,10 +5,13 @@ fastest. Part 2 times every loss for M in {2, 8, 32} groups, N in {10, 16} pairs
 literal loop implementations of tests/reference_losses.py and (b) open_clip's ClipLoss on the same M*N pairs
 (features L2-normalized inside the timed call, as the group losses do).
 
+Part 3 times every loss with `text_ids` (duplicate texts within and across groups) against the same loss
+without, as the masking overhead ratio; `--masking-only` runs just that part.
+
 Times are CPU seconds of this process (time.process_time) on one thread by default, so that other jobs on a
 shared machine do not distort them; `--wall --threads K` measures wall-clock time instead (quiet machine only).
 
-    python benchmarks/bench_losses.py [--quick] [--wall] [--threads K]
+    python benchmarks/bench_losses.py [--quick] [--wall] [--threads K] [--masking-only]
 
 Targets at M=32, N=16: every group loss >= 20x faster than its loops; centroid <= 1.5x ClipLoss, pairwise <= 3x.
 """
@@ -136,11 +139,44 @@ def compare_formulations(sizes: list[tuple[int, int]], rounds: int, min_run_time
         print(f"{m:>3} {n:>3} " + " ".join(f"{f'{times[k]:9.2f} ({errors[k]:.0e})':>22}" for k in FORMULATIONS))
 
 
+def duplicate_ids(m: int, n: int, seed: int = 0) -> torch.Tensor:
+    """(M, N) text ids drawn from M*N/2 values: about half the texts have a twin, inside or across groups."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, max(1, m * n // 2), (m, n), generator=gen)
+
+
+def masking_overhead(rounds: int, min_run_time: float) -> None:
+    print("\nPart 3: masking overhead, forward+backward ms with text_ids (duplicates) / without")
+    header = f"{'M':>3} {'N':>3} {'loss':<26} {'plain ms':>9} {'ids ms':>9} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for m in (2, 8, 32):
+        for n in (10, 16):
+            image, text = features(m, n)
+            ids = duplicate_ids(m, n)
+            calls = {
+                "clip_loss": lambda i, t, ids: losses.clip_loss(i, t, TAU, text_ids=ids),
+                "pairwise": lambda i, t, ids: losses.pairwise_group_loss(i, t, TAU, TAU_INNER, ALPHA, text_ids=ids),
+                "centroid": lambda i, t, ids: losses.centroid_group_loss(i, t, TAU, TAU_INNER, ALPHA, text_ids=ids),
+                "text_alignment_loss": lambda i, t, ids: losses.text_alignment_loss(
+                    i.reshape(-1, DIM), t.reshape(-1, DIM), TAU, text_ids=None if ids is None else ids.reshape(-1)),
+            }
+            steps = {}
+            for name, call in calls.items():
+                steps[(name, "plain")] = fwd_bwd(lambda i, t, call=call: call(i, t, None), image, text)
+                steps[(name, "ids")] = fwd_bwd(lambda i, t, call=call, ids=ids: call(i, t, ids), image, text)
+            times = robust_ms(steps, rounds, min_run_time)
+            for name in calls:
+                plain, masked = times[(name, "plain")], times[(name, "ids")]
+                print(f"{m:>3} {n:>3} {name:<26} {plain:9.2f} {masked:9.2f} {masked / plain:6.2f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short timing windows; loops only up to M=8")
     parser.add_argument("--wall", action="store_true", help="wall-clock instead of process CPU time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU time needs 1; 0 = torch default)")
+    parser.add_argument("--masking-only", action="store_true", help="only part 3 (text_ids masking overhead)")
     args = parser.parse_args()
     global CLOCK
     if args.wall:
@@ -153,6 +189,9 @@ def main() -> None:
     clock = "wall-clock" if args.wall else "process CPU"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {clock} time, L={DIM}, tau={TAU}, "
           f"tau'={TAU_INNER}\n")
+    if args.masking_only:
+        masking_overhead(rounds, min_run_time)
+        return
 
     compare_formulations([(2, 10), (8, 16), (32, 10), (32, 16), (64, 4)], rounds, min_run_time)
 
@@ -190,6 +229,7 @@ def main() -> None:
                     speedup = f"{loops_ms / times[name]:.0f}x"
                 print(f"{m:>3} {n:>3} {name:<26} {times[name]:9.2f} {loops_ms:10.0f} {speedup:>9} "
                       f"{times['open_clip']:12.2f} {times[name] / times['open_clip']:10.2f}x", flush=True)
+    masking_overhead(rounds, min_run_time)
 
 
 if __name__ == "__main__":
