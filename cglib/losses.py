@@ -222,8 +222,8 @@ def _pairwise_outer(image: Tensor, text: Tensor, tau: Temperature, ids: Tensor |
     logits = image.reshape(m * n, dim) @ text.reshape(m * n, dim).T / tau
     both_directions = torch.stack([logits, logits.T])  # [0]: image anchors, [1]: text anchors
     if ids is not None:  # the mask depends on the anchor's group only: row (g, i) uses row g of _shared_texts
-        shared = _shared_texts(ids)[:, None].expand(m, n, m * n).reshape(m * n, m * n)
-        both_directions = both_directions.masked_fill(shared, float("-inf"))  # diagonal blocks are never masked
+        shared = _shared_texts(ids)[None, :, None, :]  # broadcast over directions and the anchor's i
+        both_directions = both_directions.view(2, m, n, m * n).masked_fill(shared, float("-inf")).view(2, m * n, m * n)
     log_all = both_directions.logsumexp(dim=-1)  # (2, M*N)
     # positives of anchor (g, i) are the candidates (g, j): the diagonal blocks of the (M, N, M, N) view
     positives = torch.diagonal(both_directions.reshape(2, m, n, m, n), dim1=1, dim2=3)  # (2, N_i, N_j, M)
