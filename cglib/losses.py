@@ -40,8 +40,8 @@ Conventions shared by every loss here:
     groups does not mask: their centroids differ and separating those groups is what the loss is for.
   `text_ids=None`, or ids that are all distinct, give exactly the unmasked values (no other op changes).
 - Distributed: when `torch.distributed` is initialized with world_size > 1, `gather_groups` concatenates every
-  rank's features (and text ids) along the first axis (whole groups; every rank must pass the same shape) and each rank
-  returns the loss of the whole global batch, equal to the single-process loss. Gradients flow back to every
+  rank's features (and text ids) along the first axis (whole groups; every rank must pass the same shape) and
+  each rank returns the loss of the whole global batch, equal to the single-process (masked) loss. Gradients flow back to every
   rank's shard through `torch.distributed.nn.functional.all_gather`, whose backward sums the gradient of all
   ranks' (identical) losses: the gradient w.r.t. a rank's local features is world_size times the
   single-process gradient, so that after DDP averages parameter gradients over ranks they equal the
