@@ -64,6 +64,10 @@ def check_duplicate_keys(node: yaml.Node, path: tuple[str, ...] = (), seen_nodes
 def read_text(path: Path) -> str:
     """The UTF-8 text of `path`; NotTextError when it holds NUL bytes or is not UTF-8 (a binary file)."""
     data = Path(path).read_bytes()
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # what some Windows editors write
+        raise NotTextError(f"{path} is UTF-16 text, not UTF-8; save it as UTF-8")
+    if data[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark is harmless: drop it
+        data = data[3:]
     nul = data.find(b"\x00")
     if nul >= 0:
         raise NotTextError(f"{path} is not a text file (a NUL byte at offset {nul})")

@@ -78,6 +78,8 @@ CASES: list[BadInput] = [
              _bytes("p.yaml", PNG), "params"),
     BadInput(PARAMS, "text that is not UTF-8 (Latin-1)", 2, "is not a UTF-8 text file",
              _bytes("p.yaml", "run:\n  name: caf\xe9\n".encode("latin-1")), "params"),
+    BadInput(PARAMS, "saved as UTF-16 (some Windows editors)", 2, "is UTF-16 text, not UTF-8; save it as UTF-8",
+             _bytes("p.yaml", "run:\n  name: mine\n".encode("utf-16")), "params"),
     BadInput(PARAMS, "YAML syntax error", 2, "not valid YAML at line 2", _text("p.yaml", "run: [\n"),
              "params"),
     BadInput(PARAMS, "a section twice (two `run:`)", 2, "duplicate key 'run' at lines 1 and 3",

@@ -102,3 +102,10 @@ def test_locked_cache_is_not_mistaken_for_corruption(tmp_path: Path) -> None:
             with ResultCache(path) as second:
                 assert second.count() == 1
     assert [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name] == []
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    """A params file saved as UTF-8 with a byte-order mark (Windows Notepad) reads like any other."""
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"\xef\xbb\xbfrun:\n  name: bom\n")
+    assert load_params(path).run.name == "bom"
