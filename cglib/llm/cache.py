@@ -3,8 +3,9 @@
 The key is the hash of (backend, model, prompt version, exact request), so changing any of them asks again,
 and a run killed at any point restarts without repeating a finished request. Rows hold the parsed value or
 the failure reason with the raw reply, and the tokens the answer cost. Reply failures (invalid JSON,
-refusal, ...) are cached, because at temperature 0 asking again gives the same answer (llm.retry_failed
-asks again anyway); transport failures (429/5xx/timeouts after all retries) are never cached.
+refusal, ...) that reproduced within the run are cached, because at temperature 0 asking again gives the same
+answer (llm.retry_failed asks again anyway); a bad reply that changed between attempts, and transport
+failures (429/5xx/timeouts/cut bodies after all retries), are never cached: a later run asks again.
 Durability: WAL with synchronous=NORMAL survives a killed process (not a power cut) at thousands of
 commits per second. A cache file that is not a readable SQLite database of this schema (a power cut, a disk
 error, another file copied over it) is moved aside as `<name>.corrupt-<timestamp>` (with its -wal/-shm
