@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cglib.cli import main as cli_main
 from cglib.config import ParamsError, load_params
 from cglib.llm.base import Outcome
 from cglib.llm.cache import CacheRebuiltWarning, ResultCache
@@ -19,7 +20,7 @@ from bad_inputs import CASES, markdown, run_case
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.file}: {c.problem}" for c in CASES])
-def test_bad_input_gives_its_exit_code_and_message(case, tmp_path: Path) -> None:
+def test_bad_input_gives_its_exit_code_and_message(case, tmp_path: Path, monkeypatch, capsys) -> None:
     """Each broken file: the documented exit code and a message naming the file and the fix, no traceback."""
     code, message = run_case(case, tmp_path)
     assert code == case.exit_code, message
@@ -27,6 +28,10 @@ def test_bad_input_gives_its_exit_code_and_message(case, tmp_path: Path) -> None
     assert "Traceback" not in message and "UnicodeDecodeError" not in message
     if case.reader in ("params", "magic", "chains"):
         assert case.make(tmp_path).name in message  # the file is named
+    if case.reader == "params":  # `cglib run` stops the same way, before creating anything
+        monkeypatch.chdir(tmp_path)
+        assert cli_main(["run", str(case.make(tmp_path))]) == case.exit_code
+        assert case.message in capsys.readouterr().err and not (tmp_path / "outputs").exists()
 
 
 def test_catalogue_renders_as_markdown() -> None:
