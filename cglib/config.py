@@ -402,8 +402,8 @@ def load_params(path: str | Path, check_paths: bool = True, overrides: dict[str,
     try:
         text = read_text(path)
     except NotTextError as exc:
-        raise ParamsError(f"{exc}: a params file is UTF-8 YAML text; pass the YAML file (e.g. params/demo.yaml), "
-                          "not a data or checkpoint file") from None
+        raise ParamsError(f"{exc}; params files are UTF-8 YAML text (pass one such as params/demo.yaml, not a "
+                          "data or checkpoint file)") from None
     except OSError as exc:
         raise ParamsError(f"params file {path} cannot be read ({exc.strerror}); check its permissions") from None
     try:

@@ -96,13 +96,13 @@ CASES: list[BadInput] = [
              _text("p.yaml", "data:\n  source: coco\n  coco_captions: nope.json\n  coco_images: imgs\n"), "params"),
     BadInput("`magic.json`", "file does not exist", 1, "not found: run notebook 03_magic_dag first",
              _absent("magic.json"), "magic"),
-    BadInput("`magic.json`", "binary file", 1, "is not a text file (a NUL byte at offset 8): magic.json is corrupted; "
+    BadInput("`magic.json`", "binary file", 1, "is not a text file (a NUL byte at offset 8); magic.json is corrupted: "
              "rebuild it with notebook 03_magic_dag", _bytes("magic.json", PNG), "magic"),
     BadInput("`magic.json`", "cut JSON (disk full)", 1, "is corrupted (not valid JSON",
              _text("magic.json", '{"schema_version": 2, "nodes": ['), "magic"),
     BadInput("`magic.json`", "written by an older cglib", 1, "has schema_version 1; this cglib reads version 2",
              _text("magic.json", json.dumps({"schema_version": 1})), "magic"),
-    BadInput("`chains.jsonl`", "binary file", 1, "chains.jsonl is corrupted; re-run notebook 02_abstraction",
+    BadInput("`chains.jsonl`", "binary file", 1, "chains.jsonl is corrupted: re-run notebook 02_abstraction",
              _bytes("chains.jsonl", PNG), "chains"),
     BadInput("`chains.jsonl`", "a broken line", 1, "chains.jsonl:2 is not valid JSON",
              _text("chains.jsonl", '{"image_id": "a", "status": "ok", "chain": ["x"]}\n{"image_id": \n'), "chains"),

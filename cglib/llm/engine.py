@@ -250,7 +250,7 @@ def load_chains(path: Path) -> dict[str, list[str]]:
     try:
         text = read_text(path)
     except NotTextError as exc:
-        raise ValueError(f"{exc}: chains.jsonl is corrupted; re-run notebook 02_abstraction (cached answers "
+        raise ValueError(f"{exc}; chains.jsonl is corrupted: re-run notebook 02_abstraction (cached answers "
                          "are reused, nothing is asked twice)") from None
     for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028
         if not line.strip():

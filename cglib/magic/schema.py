@@ -185,7 +185,7 @@ def load_magic(path: str | Path) -> MagicFile:
     try:
         raw = json.loads(read_text(path))
     except NotTextError as exc:
-        raise ValueError(f"{exc}: magic.json is corrupted; rebuild it with notebook 03_magic_dag") from None
+        raise ValueError(f"{exc}; magic.json is corrupted: rebuild it with notebook 03_magic_dag") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is corrupted (not valid JSON: {exc}); rebuild it with notebook 03_magic_dag") from None
     version = raw.get("schema_version") if isinstance(raw, dict) else None
