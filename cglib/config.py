@@ -400,11 +400,24 @@ def parse_params(raw: Any, root: Path, check_paths: bool = True) -> Params:
 
 def load_params(path: str | Path, check_paths: bool = True, overrides: dict[str, Any] | None = None) -> Params:
     """Load and validate a params YAML file; relative paths resolve against the repo root."""
+    from cglib.strict_yaml import DuplicateKeyError, NotTextError, load_yaml, read_text
+
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}; pass an existing YAML file such as params/demo.yaml")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = read_text(path)
+    except NotTextError as exc:
+        raise ParamsError(f"{exc}; params files are UTF-8 YAML text (pass one such as params/demo.yaml, not a "
+                          "data or checkpoint file)") from None
+    except OSError as exc:
+        raise ParamsError(f"params file {path} cannot be read ({exc.strerror}); check its permissions") from None
+    try:
+        raw = load_yaml(text)
+    except DuplicateKeyError as exc:
+        first, second = exc.lines
+        raise ParamsError(f"{path}: duplicate key '{exc.key}' at lines {first} and {second}; keep one of them "
+                          "(YAML would silently use the last)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

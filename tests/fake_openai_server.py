@@ -10,13 +10,15 @@ so they do not depend on request order: "[[fault:429,500,nonjson*3]]" makes the 
 a 429, the 2nd a 500, the 3rd-5th non-JSON replies, and later attempts normal. Kinds: 429 (Retry-After:
 `retry_after` seconds), 429ms (retry-after-ms: `retry_after_ms`), quota (429 insufficient_quota), 500, 503,
 timeout (sleep `timeout_sleep_s` before answering), nonjson, missing (a JSON object without the field),
-empty, long (5,000 characters), length (cut reply, finish_reason "length"), refusal. "[[copy]]" answers
+empty, long (5,000 characters), length (cut reply, finish_reason "length"), refusal, badbody (HTTP 200 whose
+JSON body is cut in the middle), html (HTTP 200 with an HTML page, Content-Type text/html). "[[copy]]" answers
 with the first few-shot answer of the conversation (a verbatim copy). In batches, "[[batch:expire]]" leaves
 the input out of its first batch (batch status "expired") and "[[batch:error]]" puts a 500 for it in the
 error file the first time. `latency_s` is added to every chat request.
 
 Counters: `counts` (requests per input), `attempt_times`, `max_in_flight`, `auth_headers`, `batch_ids`,
-`last_body`.
+`last_body`. `echo_auth_status` (e.g. 401) answers every chat request with that status and an error message
+that echoes the request's Authorization header, as some servers do.
 Run standalone for benchmarks: `python tests/fake_openai_server.py --latency 0.1` prints the base URL.
 """
 
@@ -62,6 +64,7 @@ class FakeOpenAIServer:
                  timeout_sleep_s: float = 3.0, batch_delay_s: float = 0.0, port: int = 0) -> None:
         self.latency_s, self.retry_after, self.retry_after_ms = latency_s, retry_after, retry_after_ms
         self.timeout_sleep_s, self.batch_delay_s = timeout_sleep_s, batch_delay_s
+        self.echo_auth_status: int | None = None
         self.lock = threading.Lock()
         self.counts: Counter = Counter()
         self.batch_counts: Counter = Counter()
@@ -112,6 +115,10 @@ class FakeOpenAIServer:
             return int(fault), {}, _error("The server had an error", "server_error", None)
         if fault == "timeout" and not in_batch:
             time.sleep(self.timeout_sleep_s)
+        if fault == "badbody" and not in_batch:
+            return 200, {"Content-Type": "application/json"}, b'{"id": "chatcmpl-cut", "object": "chat.completion", "choices": [{"index'
+        if fault == "html" and not in_batch:
+            return 200, {"Content-Type": "text/html"}, b"<html><body>502 Bad Gateway</body></html>"
         digest = hashlib.sha256(last.encode()).hexdigest()[:6]
         if "generalized captions" in last:
             found = re.search(r"Write (\d+) generalized captions", last)
@@ -198,11 +205,13 @@ class FakeOpenAIServer:
 
             def _send(self, status: int, payload: Any, headers: dict | None = None, raw: bytes | None = None) -> None:
                 data = raw if raw is not None else json.dumps(payload).encode()
+                headers = dict(headers or {})
+                kind = headers.pop("Content-Type", "application/json" if raw is None else "application/octet-stream")
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "application/json" if raw is None else "application/octet-stream")
+                    self.send_header("Content-Type", kind)
                     self.send_header("Content-Length", str(len(data)))
-                    for k, v in (headers or {}).items():
+                    for k, v in headers.items():
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(data)
@@ -224,11 +233,21 @@ class FakeOpenAIServer:
                     try:
                         if server.latency_s:
                             time.sleep(server.latency_s)
-                        status, headers, payload = server.chat(json.loads(raw))
+                        if server.echo_auth_status is not None:
+                            auth = self.headers.get("Authorization", "")
+                            status, headers, payload = server.echo_auth_status, {}, _error(
+                                f"Incorrect API key provided: {auth}. You can find your API key at "
+                                "https://platform.openai.com/account/api-keys.", "invalid_request_error",
+                                "invalid_api_key")
+                        else:
+                            status, headers, payload = server.chat(json.loads(raw))
                     finally:
                         with server.lock:
                             server.in_flight -= 1
-                    self._send(status, payload, headers)
+                    if isinstance(payload, bytes):
+                        self._send(status, None, headers, raw=payload)
+                    else:
+                        self._send(status, payload, headers)
                 elif self.path == "/v1/files":
                     msg = email.parser.BytesParser().parsebytes(
                         b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + raw)

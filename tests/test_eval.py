@@ -492,3 +492,77 @@ def test_uninformed_model_scores_chance_on_average():
                 accuracies.extend(score_forced_choice(fc, images, text_vectors, index))
         values = np.concatenate(accuracies)
         assert abs(values.mean() - 1 / choices) < 3 * math.sqrt((1 / choices) * (1 - 1 / choices) / values.size) + 0.01
+
+
+# ------------------------------------------------------------------------- ties (issue 14, item 9)
+def reference_metrics(queries, gallery, relevant, ks):
+    """Brute force in float64: an item's rank is the number of gallery items scoring at least as high."""
+    scores = np.asarray(queries, np.float64) @ np.asarray(gallery, np.float64).T
+    rel = np.asarray(sparse.csr_matrix(relevant).todense()).astype(bool)
+    ranks = (scores[:, None, :] >= scores[:, :, None] - 1e-12).sum(axis=2)  # (q, g): rank of each item
+    out = {}
+    for k in ks:
+        out[f"R@{k}"] = (rel & (ranks <= k)).any(axis=1).astype(float)
+        out[f"P@{k}"] = (rel & (ranks <= k)).sum(axis=1) / k
+    out["mAP"] = np.array([np.mean([(r[rel_q] <= x).sum() / x for x in r[rel_q]]) for r, rel_q in zip(ranks, rel)])
+    return out
+
+
+def jittered_search(monkeypatch, size=2e-6):
+    """Make faiss's scores of identical vectors differ by up to `size`, as its BLAS path does on some builds
+    (seen on HierarCaps: 1.6e-6), by perturbing the real search's output and re-sorting it."""
+    from cglib.evaluate import retrieval
+
+    real = retrieval.search
+
+    def search(queries, gallery, k):
+        scores, ids = real(queries, gallery, k)
+        noisy = scores + np.random.default_rng(0).uniform(-size, size, scores.shape).astype(np.float32)
+        order = np.argsort(-noisy, axis=1, kind="stable")
+        return np.take_along_axis(noisy, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    monkeypatch.setattr(retrieval, "search", search)
+
+
+@pytest.mark.parametrize("jitter", [False, True], ids=["faiss as is", "faiss with BLAS jitter"])
+def test_degenerate_model_scores_the_minimum_on_a_gallery_of_1000(monkeypatch, jitter):
+    """Constant image embeddings (a collapsed model) on 1,000 images: text->image R@k is exactly 0 for every k
+    and AP is 1/1000, even when faiss scores the identical vectors slightly differently."""
+    if jitter:
+        jittered_search(monkeypatch)
+    rng = np.random.default_rng(0)
+    images = np.tile(unit(rng.normal(size=64)), (1000, 1))
+    texts = unit(rng.normal(size=(3000, 64)))  # 3 captions per image; many queries: faiss's threaded BLAS path
+    relevant = sparse.csr_matrix((np.ones(3000), (np.arange(3000), np.arange(3000) // 3)), shape=(3000, 1000))
+    m = ranked_metrics(texts, images, relevant, ks=[1, 5, 10], precision=True)
+    assert all(m[name].max() == 0 for name in m)
+    ap = ranked_metrics(texts[:50], images, relevant[:50], ks=[10], average_precision=True)["mAP"]
+    np.testing.assert_allclose(ap, 1 / 1000)
+
+
+def test_constant_queries_rank_the_gallery_one_way():
+    """Constant text embeddings: one ranking for every query, so R@k is the share of queries whose image is in
+    that top k (k/1000 with one image each), exactly as the brute-force ranking says."""
+    rng = np.random.default_rng(1)
+    images = unit(rng.normal(size=(1000, 32)))
+    texts = np.tile(unit(rng.normal(size=32)), (1000, 1))
+    relevant = sparse.identity(1000, format="csr")
+    m = ranked_metrics(texts, images, relevant, ks=[1, 10])
+    assert m["R@1"].mean() == pytest.approx(1 / 1000) and m["R@10"].mean() == pytest.approx(10 / 1000)
+
+
+@pytest.mark.parametrize("jitter", [False, True], ids=["faiss as is", "faiss with BLAS jitter"])
+def test_normal_model_scores_equal_the_exact_ranking(monkeypatch, jitter):
+    """A model with distinct embeddings (plus a few exact duplicate images) gets exactly the brute-force
+    float64 numbers: R@k, P@k and AP per query."""
+    if jitter:
+        jittered_search(monkeypatch, size=1e-7)
+    rng = np.random.default_rng(2)
+    images = unit(rng.normal(size=(400, 16)))
+    images[200:210] = images[100]  # duplicates tie for real
+    texts = unit(images[rng.integers(0, 400, 150)] + 0.8 * rng.normal(size=(150, 16)))
+    relevant = sparse.csr_matrix((rng.random((150, 400)) < 0.01) | (np.arange(400)[None, :] == 100))
+    got = ranked_metrics(texts, images, relevant, ks=[1, 5, 10], precision=True, average_precision=True)
+    want = reference_metrics(texts, images, relevant, ks=[1, 5, 10])
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], err_msg=name)

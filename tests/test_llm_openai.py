@@ -382,3 +382,119 @@ def test_batch_run_killed_reattaches_instead_of_resubmitting(tmp_path: Path) -> 
         assert len(result.chains) == 8
         submitted = [i for ids in srv.batch_ids.values() for i in ids]
         assert len(submitted) == len(set(submitted)) == 16  # every request in exactly one batch
+
+
+# ------------------------------------------------------------------------ hardening (issue 14)
+ECHO_RUNNER = """
+import sys, json, logging
+from pathlib import Path
+from cglib.config import Params
+from cglib.data.dataset import CaptionDataset
+from cglib.llm import GroupRequest, generalize_groups, run_abstraction
+logging.basicConfig(level=logging.DEBUG)  # whatever the libraries log goes to stderr too
+data_dir, run_dir, params_json, what = sys.argv[1:5]
+p = Params.model_validate(json.loads(params_json))
+if what == "generalize":
+    generalize_groups([GroupRequest("g", "dog", ["animal"], ["a dog"], 2)], p, Path(run_dir), progress=False)
+else:
+    run_abstraction(CaptionDataset.load(data_dir), p, Path(run_dir), progress=False)
+"""
+
+
+@pytest.mark.parametrize("what", ["abstraction", "generalize"])
+def test_key_echoed_by_a_server_is_redacted_everywhere(server: FakeOpenAIServer, tmp_path: Path, what: str) -> None:
+    """A 401 whose message echoes the Authorization header: the run stops naming HTTP 401, and the key is in
+    no file of the run folder, not in the traceback on stderr, not in the exception, not in the logs."""
+    server.echo_auth_status = 401
+    ds = dataset(plain(3))
+    ds.save(tmp_path / "data")
+    script = tmp_path / "runner.py"
+    script.write_text(ECHO_RUNNER)
+    p = params(server, l_max=2)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "data"), str(tmp_path / "run"),
+                           p.model_dump_json(), what], env={**os.environ, KEY_ENV: FAKE_KEY},
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode != 0 and "FatalBackendError" in proc.stderr
+    assert f"Bearer {FAKE_KEY}" in server.auth_headers  # the server really received (and echoed) the key
+    assert "HTTP 401" in proc.stderr and "Incorrect API key provided: Bearer [REDACTED]" in proc.stderr
+    assert FAKE_KEY not in proc.stderr and FAKE_KEY not in proc.stdout
+    files = [f for f in (tmp_path / "run").rglob("*") if f.is_file()]
+    assert any(f.name == "summary.json" for f in files) or what == "generalize"
+    assert [str(f) for f in files if FAKE_KEY.encode() in f.read_bytes()] == []
+
+
+def test_echoed_key_redacted_in_process(server: FakeOpenAIServer, tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture) -> None:
+    """In a notebook (same process): the exception text, the summary and the captured logs hold no key."""
+    server.echo_auth_status = 401
+    caplog.set_level("DEBUG")
+    with pytest.raises(FatalBackendError) as err:
+        run_abstraction(dataset(plain(2)), params(server), tmp_path, progress=False)
+    assert "HTTP 401" in str(err.value) and FAKE_KEY not in str(err.value)
+    summary = json.loads((tmp_path / "abstraction" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and "[REDACTED]" in summary["error"]
+    captured = capsys.readouterr()
+    assert FAKE_KEY not in caplog.text and FAKE_KEY not in captured.err and FAKE_KEY not in captured.out
+
+
+def test_key_in_a_bad_request_detail_is_redacted(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    """A 400 that echoes the key becomes a recorded failure: detail redacted in the result and the cache."""
+    server.echo_auth_status = 400
+    result = run_abstraction(dataset(plain(1)), params(server, l_max=2), tmp_path, progress=False)
+    [failure] = result.failures
+    assert failure.reason == "bad_request" and "[REDACTED]" in failure.detail and FAKE_KEY not in failure.detail
+    assert all(FAKE_KEY.encode() not in f.read_bytes() for f in tmp_path.rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
+def test_malformed_response_body_is_retried_in_the_same_run(server: FakeOpenAIServer, tmp_path: Path,
+                                                            transport: str) -> None:
+    """An HTTP 200 whose body is cut JSON, or an HTML page, is a transient fault: retried, the item succeeds."""
+    caps = {"cut": ["[[fault:badbody]] a dog"], "page": ["[[fault:html]] a cat"], "fine": ["a bird"]}
+    result = run_abstraction(dataset(caps), params(server, l_max=2, http_transport=transport), tmp_path,
+                             progress=False)
+    assert set(result.chains) == set(caps) and result.failures == []
+    assert result.summary["retries_by_reason"] == {"invalid_json": 4}  # two images, two levels, once each
+
+
+def test_malformed_body_that_persists_fails_without_being_cached(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    """After llm.max_retries the item fails as invalid_json, and is not cached: the next run asks again."""
+    caps = {"cut": ["[[fault:badbody*2]] a dog"]}  # two cut bodies per request, then good ones
+    p = params(server, l_max=2, max_retries=1)
+    first = run_abstraction(dataset(caps), p, tmp_path, progress=False)
+    assert [(f.reason, f.level, "not valid JSON" in f.detail) for f in first.failures] == [("invalid_json", 1, True)]
+    again = run_abstraction(dataset(caps), p, tmp_path, progress=False)  # level 1 asked again: answered
+    assert again.summary["cache"]["failure_hits"] == 0 and [f.level for f in again.failures] == [2]
+    third = run_abstraction(dataset(caps), p, tmp_path, progress=False)
+    assert len(third.chains["cut"]) == 2 and third.summary["cache"]["hits"] == 1
+
+
+def test_bad_reply_that_changed_is_transient_and_asked_again(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    """Two different bad replies (not JSON, then a missing field) are a transient fault: recorded as a
+    failure, but not cached as final, so the next run asks again without llm.retry_failed."""
+    caps = {"flaky": ["[[fault:nonjson,missing]] a dog"], "stuck": ["[[fault:nonjson*9]] a cat"]}
+    p = params(server, l_max=2, max_bad_reply_retries=1)  # each request: two different bad replies, then good
+    first = run_abstraction(dataset(caps), p, tmp_path, progress=False)
+    assert {f.item_id: (f.reason, f.level) for f in first.failures} == {"flaky": ("missing_fields", 1),
+                                                                         "stuck": ("invalid_json", 1)}
+    again = run_abstraction(dataset(caps), p, tmp_path, progress=False)
+    # flaky's level 1 was asked again (and answered); stuck's bad reply reproduced, so it stayed final
+    assert again.summary["cache"]["failure_hits"] == 1 and again.summary["cache"]["misses"] == 2
+    assert {f.item_id: f.level for f in again.failures} == {"flaky": 2, "stuck": 1}
+    third = run_abstraction(dataset(caps), p, tmp_path, progress=False)
+    assert set(third.chains) == {"flaky"}
+
+
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
+def test_refused_connection_is_a_connection_error_naming_the_url(tmp_path: Path, transport: str) -> None:
+    """A closed port is a connection error naming the URL under both transports (aiohttp said "timeout")."""
+    with FakeOpenAIServer() as srv:
+        url = srv.url
+    p = Params.model_validate({"llm": {"backend": "openai", "base_url": url, "api_key_env": KEY_ENV,
+                                       "max_retries": 0, "concurrency": 2, "http_transport": transport},
+                               "magic": {"l_max": 2}})
+    with pytest.raises(FatalBackendError) as err:
+        run_abstraction(dataset(plain(20)), p, tmp_path, progress=False)
+    message = str(err.value)
+    assert f"got no answer from {url} (connection_error: " in message
+    assert f"cannot connect to {url}: " in message and "(timeout" not in message

@@ -150,3 +150,22 @@ def test_cost_estimates() -> None:
     assert live["requests"] == 118_287 * 4 and batch["cost_usd"] == pytest.approx(live["cost_usd"] / 2, rel=0.01)
     assert 5 < live["cost_usd"] < 500  # hundreds of millions of tokens at gpt-4o-mini prices
     assert estimate_tokens({"messages": [{"content": "x" * 400}]}) == 104
+
+
+def test_redact_removes_keys_and_bearer_tokens() -> None:
+    """Registered secrets, bearer tokens, `sk-...` keys and `api_key=...` values become [REDACTED]; the
+    rest of the message, ordinary words included, is kept."""
+    from cglib.llm.base import FatalBackendError, redact, register_secret
+
+    register_secret("local-server-secret-42")
+    assert redact("Incorrect API key provided: Bearer sk-proj-abcdefgh12345678.") == \
+        "Incorrect API key provided: Bearer [REDACTED]"
+    assert redact("header authorization: Bearer abc.def.ghi-jkl") == "header authorization: Bearer [REDACTED]"
+    assert redact('{"api_key": "zzzzzzzzzzzz", "x": 1}') == '{"api_key": "[REDACTED]", "x": 1}'
+    assert redact("key sk-abcdefghijklmnop was refused") == "key [REDACTED] was refused"
+    assert redact("token local-server-secret-42 echoed") == "token [REDACTED] echoed"
+    assert redact("a bearer bond, a sk-i trip, HTTP 401") == "a bearer bond, a sk-i trip, HTTP 401"
+    assert redact(None) is None
+    assert "sk-" not in str(FatalBackendError("refused: sk-abcdefghijklmnop"))
+    failed = Outcome.failure("bad_request", "HTTP 400: Bearer sk-abcdefghijklmnop", raw="sk-abcdefghijklmnop")
+    assert failed.detail == "HTTP 400: Bearer [REDACTED]" and failed.raw == "[REDACTED]"

@@ -3,8 +3,17 @@
 Relevance is a sparse membership matrix between gallery items and query items (an image "has" a text when
 the text is one of its captions, its concept name at a level, ...), so duplicate strings are handled exactly:
 a query is answered correctly by ANY image that carries its text. Ranks are pessimistic: an item tied in score
-with others is ranked after all of them, so a degenerate model (constant embeddings) scores the minimum, never
-a lucky index-order win.
+with others is ranked after all of them, never a lucky index-order win.
+
+Ties must be exact to be counted, and faiss's float32 scores are not: its BLAS path can give identical gallery
+vectors scores that differ by about 1e-6. So faiss only proposes the candidates; they are re-scored in float64,
+where identical vectors score identically (within TIE_RTOL), and a query whose k_max-th candidate lies within
+faiss's float32 error of the candidates left out is re-scored against the whole gallery, so that no tie or
+near-tie across the candidate boundary is missed. Consequences: a degenerate model whose gallery embeddings
+are all equal scores exactly 0 at every k below the gallery size (every item is tied with every other, so each
+ranks last); constant query embeddings rank the gallery the same way for every query, so R@k is then the
+share of queries whose relevant items happen to rank in that one top k (k/N for one relevant item each among
+N, on average). A normal model's scores are those of the exact float64 ranking.
 """
 
 from __future__ import annotations
@@ -17,7 +26,11 @@ from scipy import sparse
 
 SMALL_SEARCH = 2_000_000  # query x gallery pairs below which a search runs single-threaded
 DENSE_LIMIT = 50_000_000
-QUERY_CHUNK_CELLS = 20_000_000  # queries x depth searched at once (bounds the score, rank and hit arrays)  # relevance matrices up to this many cells are looked up densely (50 MB as bool)
+# relevance matrices up to DENSE_LIMIT cells are looked up densely (50 MB as bool)
+QUERY_CHUNK_CELLS = 20_000_000  # queries x depth searched at once (bounds the score, rank and hit arrays)
+RESCORE_CELLS = 4_000_000  # candidate vector elements gathered at once for the float64 re-scoring (32 MB)
+FAISS_ERR_SCALE = 8.0  # see exact_candidates
+TIE_RTOL = 1e-9  # float64 scores closer than this (times |q| max|g|) are ties: equal vectors land far inside
 
 
 def set_faiss_threads(threads: int) -> None:
@@ -46,20 +59,74 @@ def search(queries: np.ndarray, gallery: np.ndarray, k: int) -> tuple[np.ndarray
     return scores, ids
 
 
-def pessimistic_ranks(scores: np.ndarray) -> np.ndarray:
+def pessimistic_ranks(scores: np.ndarray, tol: np.ndarray | float = 0.0) -> np.ndarray:
     """1-based rank of each returned item when ties are broken against it: the count of items scoring >= it.
 
-    `scores` is (queries, k), sorted descending per row. An item whose tie group reaches the last returned
-    column may have more tied items beyond the list: its rank is then at least k, so search k_max + 1 items
-    to resolve every rank <= k_max exactly.
+    `scores` is (queries, k), sorted descending per row; neighbours closer than `tol` (a scalar or one value
+    per row) are tied. An item whose tie group reaches the last returned column may have more tied items
+    beyond the list: its rank is then at least k, so search k_max + 1 items to resolve every rank <= k_max.
     """
     q, k = scores.shape
     if k == 0:
         return np.zeros((q, 0), np.int64)
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64).reshape(-1, 1) if np.ndim(tol) else tol, (q, 1))
     position = np.broadcast_to(np.arange(1, k + 1), (q, k)).astype(np.float64)
-    group_end = np.where(np.concatenate([scores[:, :-1] != scores[:, 1:], np.ones((q, 1), bool)], axis=1),
-                         position, np.inf)
+    boundary = (scores[:, :-1] - scores[:, 1:]) > tol
+    group_end = np.where(np.concatenate([boundary, np.ones((q, 1), bool)], axis=1), position, np.inf)
     return np.minimum.accumulate(group_end[:, ::-1], axis=1)[:, ::-1].astype(np.int64)
+
+
+def exact_candidates(queries: np.ndarray, gallery: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-`depth` gallery indices per query and their pessimistic ranks over the WHOLE gallery, exact in float64.
+
+    faiss proposes the candidates in float32; they are re-scored in float64 and re-sorted. Where the
+    `depth - 1`-th candidate is not clearly above every item faiss left out (within faiss's float32 error),
+    the query is scored against the whole gallery in float64 instead. Returns (ranks, ids), both (q, depth).
+    """
+    n_gallery, dim = gallery.shape
+    depth = min(depth, n_gallery)
+    q64 = np.asarray(queries, dtype=np.float64)
+    g64 = np.asarray(gallery, dtype=np.float64)
+    q_norm = np.linalg.norm(q64, axis=1)
+    g_max = float(np.linalg.norm(g64, axis=1).max()) if n_gallery else 0.0
+    tol = TIE_RTOL * q_norm * g_max
+    if depth >= n_gallery:  # the full ranking is needed anyway (AP, or a gallery smaller than k_max + 1)
+        return _whole_gallery(q64, g64, depth, tol)
+    scores32, ids = search(queries, gallery, depth)
+    scores = np.empty(ids.shape, np.float64)
+    block = max(1, RESCORE_CELLS // max(1, depth * dim))
+    for start in range(0, ids.shape[0], block):
+        rows = slice(start, start + block)
+        scores[rows] = (g64[ids[rows]] @ q64[rows, :, None])[..., 0]  # batched matmul: 10x einsum's speed
+    order = np.argsort(-scores, axis=1, kind="stable")
+    scores, ids = np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+    ranks = pessimistic_ranks(scores, tol)
+    # Items faiss left out score (in float32) at most its last returned score, so truly at most that plus
+    # float32's rounding error; ranks 1..depth-1 are exact when the depth-1-th score clears it. The error
+    # allowed is FAISS_ERR_SCALE times the typical float32 error of a D-term sum (sqrt(D) ulps; faiss's BLAS
+    # path was seen 1.6e-6 off at D=512, a seventh of this): the worst-case bound (D ulps) would send
+    # about 4% of the queries (measured: 10,000 noisy queries, 5,000 items) to the whole-gallery path.
+    err32 = FAISS_ERR_SCALE * np.sqrt(dim) * 2.0 ** -24 * q_norm * g_max
+    unresolved = np.flatnonzero(scores[:, depth - 2] - tol <= scores32[:, -1].astype(np.float64) + err32) \
+        if depth >= 2 else np.arange(ids.shape[0])
+    if unresolved.size:
+        ranks[unresolved], ids[unresolved] = _whole_gallery(q64[unresolved], g64, depth, tol[unresolved])
+    return ranks, ids
+
+
+def _whole_gallery(q64: np.ndarray, g64: np.ndarray, depth: int, tol: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks, ids) of the top `depth` from float64 scores against every gallery item, in chunks of queries."""
+    n_gallery = g64.shape[0]
+    ranks = np.empty((q64.shape[0], depth), np.int64)
+    ids = np.empty((q64.shape[0], depth), np.int64)
+    chunk = max(1, QUERY_CHUNK_CELLS // 4 // max(1, n_gallery))  # four (chunk, gallery) arrays of 8 bytes
+    for start in range(0, q64.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        scores = q64[rows] @ g64.T
+        order = np.argsort(-scores, axis=1, kind="stable")
+        full = pessimistic_ranks(np.take_along_axis(scores, order, axis=1), tol[rows])
+        ranks[rows], ids[rows] = full[:, :depth], order[:, :depth]
+    return ranks, ids
 
 
 def membership(item_texts: Sequence[Sequence[str]]) -> tuple[sparse.csr_matrix, list[str]]:
@@ -97,8 +164,7 @@ def ranked_metrics(queries: np.ndarray, gallery: np.ndarray, relevant: sparse.cs
 
 def _ranked_chunk(queries: np.ndarray, gallery: np.ndarray, relevant: sparse.csr_matrix, ks: Sequence[int],
                   depth: int, precision: bool, average_precision: bool) -> dict[str, np.ndarray]:
-    scores, ids = search(queries, gallery, depth)
-    ranks = pessimistic_ranks(scores)
+    ranks, ids = exact_candidates(queries, gallery, depth)
     hit = _lookup(relevant, ids)
     out: dict[str, np.ndarray] = {}
     for k in ks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -26,8 +27,42 @@ TRANSPORT_REASONS = ("rate_limited", "server_error", "timeout", "connection_erro
                      "batch_failed")
 
 
+# Secrets never reach a message that is stored, logged or printed: the API key's value (registered when it is
+# read) and anything shaped like a bearer token or an OpenAI-style key, whatever a server echoes back.
+REDACTED = "[REDACTED]"
+_SECRETS: set[str] = set()
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
+    re.compile(r"(?i)((?:api[_-]?key|authorization|x-api-key)[\"']?\s*[:=]\s*[\"']?)(?!bearer\b)[^\s\"',;}]{8,}"),
+)
+
+
+def register_secret(value: str) -> None:
+    """Remember a secret (the API key) so that `redact` removes it from every message."""
+    if value and len(value) >= 8:  # shorter strings would blank out ordinary words
+        _SECRETS.add(value)
+
+
+def redact(text: str | None) -> str | None:
+    """`text` with registered secrets, bearer tokens and `sk-...` keys replaced by [REDACTED]."""
+    if not text:
+        return text
+    for secret in _SECRETS:
+        text = text.replace(secret, REDACTED)
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
+    return text
+
+
 class FatalBackendError(RuntimeError):
-    """An error that every further request would hit too (no quota, bad key, unknown model): stop the run."""
+    """An error that every further request would hit too (no quota, bad key, unknown model): stop the run.
+
+    Its message is redacted when it is made: it ends up in summaries, run.json, notebooks and the terminal.
+    """
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(redact(str(message)))
 
 
 class QuotaExhaustedError(FatalBackendError):
@@ -78,7 +113,9 @@ class Outcome:
     @classmethod
     def failure(cls, reason: str, detail: str = "", raw: str | None = None, cacheable: bool = True,
                 **kw: Any) -> Outcome:
-        return cls(ok=False, reason=reason, detail=detail, raw=clip_raw(raw), cacheable=cacheable, **kw)
+        """A failed outcome; detail and raw reply are redacted here, where every failure enters the system."""
+        return cls(ok=False, reason=reason, detail=redact(detail) or "", raw=clip_raw(redact(raw)),
+                   cacheable=cacheable, **kw)
 
 
 @dataclass

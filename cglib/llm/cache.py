@@ -3,10 +3,14 @@
 The key is the hash of (backend, model, prompt version, exact request), so changing any of them asks again,
 and a run killed at any point restarts without repeating a finished request. Rows hold the parsed value or
 the failure reason with the raw reply, and the tokens the answer cost. Reply failures (invalid JSON,
-refusal, ...) are cached, because at temperature 0 asking again gives the same answer (llm.retry_failed
-asks again anyway); transport failures (429/5xx/timeouts after all retries) are never cached.
+refusal, ...) that reproduced within the run are cached, because at temperature 0 asking again gives the same
+answer (llm.retry_failed asks again anyway); a bad reply that changed between attempts, and transport
+failures (429/5xx/timeouts/cut bodies after all retries), are never cached: a later run asks again.
 Durability: WAL with synchronous=NORMAL survives a killed process (not a power cut) at thousands of
-commits per second.
+commits per second. A cache file that is not a readable SQLite database of this schema (a power cut, a disk
+error, another file copied over it) is moved aside as `<name>.corrupt-<timestamp>` (with its -wal/-shm
+files) and a new, empty cache is started, with a CacheRebuiltWarning naming both paths: the run asks again
+for what the old cache held, and nothing else in the run folder is touched.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Self
 
@@ -39,17 +44,30 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
+COLUMNS = ("key", "kind", "backend", "model", "prompt_version", "ok", "value", "reason", "detail", "raw",
+           "input_tokens", "output_tokens", "meta", "created")
+
+
+class CacheRebuiltWarning(UserWarning):
+    """The cache file was unreadable: it was moved aside and an empty cache started in its place."""
+
+
 class ResultCache:
     """Results by request key in one SQLite file; use from one thread (the engine's event loop thread)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=30.0)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute(SCHEMA)
-        self.conn.commit()
+        try:
+            self.conn = _open(self.path)
+        except sqlite3.OperationalError:  # locked, read-only, disk full: not corruption; say so as it is
+            raise
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            moved = move_aside(self.path)
+            warnings.warn(f"the LLM cache {self.path} is corrupted ({exc}); it was moved to {moved} and a new "
+                          "cache started: answers it held will be asked again (delete the moved file once you no "
+                          "longer need it)", CacheRebuiltWarning, stacklevel=2)
+            self.conn = _open(self.path)
 
     def get_many(self, keys: list[str]) -> dict[str, Outcome]:
         """Cached outcomes of the given keys (missing keys are absent)."""
@@ -90,8 +108,46 @@ class ResultCache:
     def close(self) -> None:
         self.conn.close()
 
+
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Connect, set WAL, create the table, and check the file is a sound cache (DatabaseError otherwise)."""
+    conn = sqlite3.connect(path, timeout=30.0)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(SCHEMA)
+        conn.commit()
+        columns = tuple(row[1] for row in conn.execute("PRAGMA table_info(results)"))
+        if columns != COLUMNS:
+            raise sqlite3.DatabaseError(f"table 'results' has columns {columns}, not a cglib LLM cache")
+        # Reads every page once (about 0.1 s per 100 MB): a damaged page fails here, not in the middle of a run.
+        problem = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":
+            raise sqlite3.DatabaseError(f"integrity check failed: {problem}")
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def move_aside(path: Path) -> Path:
+    """Rename `path` (and its -wal/-shm files) to `<name>.corrupt-<UTC timestamp>`; returns the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    moved = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while moved.exists():
+        n += 1
+        moved = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    path.replace(moved)
+    for suffix in ("-wal", "-shm"):  # moved beside it, so `sqlite3 <moved>` still sees its journal
+        side = Path(f"{path}{suffix}")
+        if side.exists():
+            side.replace(Path(f"{moved}{suffix}"))
+    return moved

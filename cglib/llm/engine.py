@@ -27,6 +27,7 @@ from cglib.llm.canonical import canonicalize
 from cglib.llm.cost import cost_usd, estimate_concept_requests
 from cglib.llm.prompts import few_shot_chains, load_prompts
 from cglib.run import provenance, write_json
+from cglib.strict_yaml import NotTextError, read_text
 
 CHAINS_FILE = "chains.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -246,16 +247,20 @@ def load_chains(path: Path) -> dict[str, list[str]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run notebook 02_abstraction first")
     chains: dict[str, list[str]] = {}
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number} is not valid JSON ({exc}); re-run notebook 02_abstraction") from None
-            if row.get("status") == "ok" and row.get("chain"):
-                chains[str(row["image_id"])] = list(row["chain"])
+    try:
+        text = read_text(path)
+    except NotTextError as exc:
+        raise ValueError(f"{exc}; chains.jsonl is corrupted: re-run notebook 02_abstraction (cached answers "
+                         "are reused, nothing is asked twice)") from None
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number} is not valid JSON ({exc}); re-run notebook 02_abstraction") from None
+        if row.get("status") == "ok" and row.get("chain"):
+            chains[str(row["image_id"])] = list(row["chain"])
     return chains
 
 

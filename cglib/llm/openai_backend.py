@@ -6,17 +6,24 @@ strict JSON schema for the reply when `llm.structured_output`, and pydantic vali
 own retries are off (max_retries=0): this module retries 429, 5xx, timeouts and connection errors with
 exponential backoff and jitter, honouring `retry-after-ms` / `retry-after`, so every retry is counted by
 reason. A 429 with `insufficient_quota`, and 401/403/404, stop the run (every further request would fail).
-Bad replies are retried `llm.max_bad_reply_retries` times, then recorded as failures with the raw reply.
+A response body that is not JSON (cut or corrupted in transit) is a transient fault too (reason invalid_json,
+retried like a 5xx, never cached). Bad replies are retried `llm.max_bad_reply_retries` times, then recorded as
+failures with the raw reply; such a failure is cached as final only when it reproduced (the same bad reply on
+the last two attempts, i.e. the model's answer at temperature 0): a bad reply that changed between attempts is
+a transient fault, and a later run asks again without `llm.retry_failed`.
 Batch mode (`llm.batch_api`) lives in `cglib.llm.batch`.
 
 The API key is read from the environment variable named by `llm.api_key_env` when the client is created and
-is passed only to the client: it never enters params, payloads, cache keys, cache rows or summaries.
+is passed only to the client: it never enters params, payloads, cache keys, cache rows or summaries, and it is
+registered for redaction (`cglib.llm.base.redact`), so a server that echoes it in an error message cannot put
+it on disk or on the terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import os
 import random
 import time
@@ -33,6 +40,8 @@ from cglib.llm.base import (
     Outcome,
     QuotaExhaustedError,
     Report,
+    redact,
+    register_secret,
 )
 from cglib.llm.prompts import (
     CONCEPT_SCHEMA,
@@ -52,6 +61,7 @@ def api_key(params: Params) -> str:
     name = params.llm.api_key_env
     key = os.environ.get(name, "").strip()
     if key:
+        register_secret(key)
         return key
     if params.llm.base_url:
         return NO_KEY_PLACEHOLDER
@@ -97,6 +107,22 @@ def backoff_s(retry: int, base: float, cap: float, rng: random.Random) -> float:
     """Exponential backoff with equal jitter: half the capped delay fixed, half uniformly random."""
     delay = min(cap, base * 2.0 ** retry)
     return delay / 2 + rng.uniform(0, delay / 2)
+
+
+def refused_connection(exc: BaseException) -> BaseException | None:
+    """The OS-level connection error behind a client exception, if any (refused, reset, unreachable host).
+
+    The aiohttp transport reports a refused connection as httpx.ConnectTimeout (so openai raises
+    APITimeoutError); the chain of causes still holds the ConnectionRefusedError.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and not isinstance(cur, TimeoutError):  # aiohttp's connect timeout is one
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def is_quota_error(exc: Exception) -> bool:
@@ -208,9 +234,11 @@ class OpenAIBackend(Backend):
 
         out = Outcome(ok=False)
         transport_retries = bad_replies = 0
+        last_bad: tuple[str, str | None] | None = None
         while True:
             out.requests += 1
             delay: float | None = None
+            completion: Any = None
             try:
                 # The client's generic `post` (documented for any endpoint) sends the body as it is: the typed
                 # `chat.completions.create` spends ~10 ms of CPU per request transforming it (measured in
@@ -226,17 +254,28 @@ class OpenAIBackend(Backend):
                 raise FatalBackendError(f"the server refused the request (HTTP {exc.status_code}: {_message(exc)}); "
                                         f"check llm.model ('{self.model}'), llm.base_url and the key in "
                                         f"${self.llm.api_key_env}") from None
-            except openai.APITimeoutError:
-                reason = "timeout"
-            except openai.APIConnectionError as exc:
-                reason = "connection_error"
-                out.detail = str(exc)
+            except openai.APIConnectionError as exc:  # APITimeoutError is a subclass: refused connections too
+                cause = refused_connection(exc)
+                if isinstance(exc, openai.APITimeoutError) and cause is None:
+                    reason = "timeout"
+                else:
+                    reason = "connection_error"
+                    out.detail = redact(f"cannot connect to {self.llm.base_url or 'the OpenAI API'}: "
+                                        f"{cause or exc.__cause__ or exc}")
+            except json.JSONDecodeError as exc:  # HTTP 200 whose body is not JSON: cut or corrupted in transit
+                reason = "invalid_json"
+                out.detail = f"the response body is not valid JSON ({exc})"
             except openai.APIStatusError as exc:
                 if exc.status_code >= 500 or exc.status_code in (408, 409):
                     reason, delay = "server_error", retry_after_s(exc.response.headers)
                 else:  # 400/422: this request is wrong; asking again cannot help
                     return _finish(out, Outcome.failure("bad_request", f"HTTP {exc.status_code}: {_message(exc)}"))
             else:
+                if not isinstance(completion, dict):  # a non-JSON content type (a proxy's HTML error page, ...)
+                    reason = "invalid_json"
+                    out.detail = redact(f"the response is not a JSON object: {str(completion)[:100]!r}")
+                    completion = None
+            if completion is not None:
                 msg = message_of(completion)
                 out.input_tokens += msg.input_tokens
                 out.output_tokens += msg.output_tokens
@@ -245,15 +284,19 @@ class OpenAIBackend(Backend):
                 except ReplyError as err:
                     out.retries[err.reason] += 1
                     bad_replies += 1
+                    reproduced, last_bad = last_bad == (err.reason, err.raw), (err.reason, err.raw)
                     if bad_replies > self.llm.max_bad_reply_retries:
                         out.retries[err.reason] -= 1  # the last try is the failure, not a retry
-                        return _finish(out, Outcome.failure(err.reason, err.detail, err.raw))
+                        # Final (cached) only when the same bad reply came back twice, the model's answer at
+                        # temperature 0, or when no retry was allowed; one that changed was a transient fault.
+                        final = reproduced or bad_replies == 1
+                        return _finish(out, Outcome.failure(err.reason, err.detail, err.raw, cacheable=final))
                     continue
                 return _finish(out, Outcome(ok=True, value=value, raw=msg.content,
                                             meta={"finish_reason": msg.finish_reason}))
             if transport_retries >= self.llm.max_retries:
-                return _finish(out, Outcome.failure(reason, f"gave up after {transport_retries} retries "
-                                                            f"{out.detail}".strip(), cacheable=False))
+                detail = f"gave up after {transport_retries} retries" + (f": {out.detail}" if out.detail else "")
+                return _finish(out, Outcome.failure(reason, detail, cacheable=False))
             transport_retries += 1
             out.retries[reason] += 1
             if delay is None:

@@ -180,8 +180,12 @@ def load_magic(path: str | Path) -> MagicFile:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run notebook 03_magic_dag first")
+    from cglib.strict_yaml import NotTextError, read_text
+
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_text(path))
+    except NotTextError as exc:
+        raise ValueError(f"{exc}; magic.json is corrupted: rebuild it with notebook 03_magic_dag") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is corrupted (not valid JSON: {exc}); rebuild it with notebook 03_magic_dag") from None
     version = raw.get("schema_version") if isinstance(raw, dict) else None
