@@ -199,7 +199,8 @@ class TrainParams(Section):
     pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
     pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
     pretrain_batch_size: int = Field(64, ge=2, description="Text pairs per textual-pretraining batch (distinct "
-                                     "target texts, so no pair is another's false negative).")
+                                     "targets, at most one per group, so two targets of one group are never "
+                                     "each other's negatives).")
     text_source: Literal["generalized", "original"] = Field(
         "generalized", description="Text side of training pairs: the group's generalized captions (paper) or "
         "each image's own original captions.")

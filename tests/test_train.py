@@ -335,3 +335,20 @@ def test_dataloader_workers_give_the_same_training(tmp_path):
     a = weights(inline.dir / "training/clip/final.safetensors")
     b = weights(workers.dir / "training/clip/final.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------- epoch kinds
+def test_steps_per_epoch_are_printed_and_stored(tmp_path, capsys):
+    """A pairs epoch (the default) takes ceil(pairs / N) batches per group; the count is printed before training
+    and stored in summary.json, next to the groups epoch's one batch per group."""
+    run = make_run(tmp_path / "pairs", epoch="pairs", epochs=1)
+    summary = train_one(run, "clip", progress=False)
+    # tiny_magic: 6 groups x 6 training images x 2 node captions = 12 pairs per group, N = 3 -> 4 chunks
+    assert summary["epoch_kind"] == "pairs" and summary["steps_per_epoch"] == 6 * 4 == summary["steps"]
+    assert summary["sampler"]["training_pairs"] == 72
+    assert "clip: image-text, 24 optimizer steps per epoch x 1 epochs (train.epoch: pairs" in capsys.readouterr().out
+    groups = train_one(make_run(tmp_path / "groups", epochs=1), "clip", progress=False)
+    assert groups["epoch_kind"] == "groups" and groups["steps_per_epoch"] == 6
+    saved = json.loads((run.dir / "training/clip/summary.json").read_text())
+    assert saved["steps_per_epoch"] == 24
+    assert Params.model_validate({}).train.epoch == "pairs"

@@ -13,7 +13,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from cglib.config import TrainRunParams
 from cglib.models import ClipModel, Towers, encode_texts
 from cglib.run import RunContext, seed_everything
 from cglib.train.batches import GroupBatchData, batch_loader
-from cglib.train.checkpoint import RunFiles
+from cglib.train.checkpoint import Progress, RunFiles
 from cglib.train.distributed import DistInfo
 from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved_precision
 from cglib.train.inputs import TrainInputs, run_spec
@@ -35,40 +34,6 @@ from cglib.train.sampler import GroupBatchSampler
 from cglib.train.step import Stepper, group_step_loss, set_trainable, wrap
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Progress:
-    """Position and counters of a run (all saved in the checkpoint)."""
-
-    phase: str = "pretrain"
-    epoch: int = 0
-    batch: int = 0  # next batch index within the epoch
-    step: int = 0  # optimizer steps done in this phase
-    global_step: int = 0  # optimizer steps over both phases
-    pretrain_steps: int = 0
-    wall_s: float = 0.0
-    images: int = 0
-    data_wait_s: float = 0.0
-    compute_s: float = 0.0
-    fallback_batches: int = 0
-    repeated_images: int = 0
-    skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (faults.py)
-    epoch_losses: list[float] = field(default_factory=list)
-    epoch_sum: float = 0.0
-    epoch_count: int = 0
-    pretrain_losses: list[float] = field(default_factory=list)
-
-    def state(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def count(self, result: dict[str, float]) -> None:
-        """Count one completed optimizer step; a skipped step's (non-finite) loss stays out of the epoch mean."""
-        self.step, self.global_step = self.step + 1, self.global_step + 1
-        if result.get("skipped"):
-            self.skipped_steps += 1
-        elif math.isfinite(result["loss"]):
-            self.epoch_sum, self.epoch_count = self.epoch_sum + result["loss"], self.epoch_count + 1
 
 
 class Trainer:
