@@ -8,6 +8,7 @@ negatives.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -119,7 +120,9 @@ class Stepper:
             elif ok:
                 self.optimizer.step()
             # the schedule advances either way, so a skipped step never shifts the lr of later steps
-            self.scheduler.step()
+            with warnings.catch_warnings():  # torch warns when no optimizer.step() preceded it: intended here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+                self.scheduler.step()
             result = {**{k: float(v) for k, v in totals.items()}, "grad_norm": float(grad_norm), "lr": lr,
                       "skipped": 0.0 if ok else 1.0}
             if on_update is not None:
