@@ -18,7 +18,7 @@ from cglib.config import Params
 from cglib.magic.schema import save_magic
 from cglib.models import Towers, build_model, encode_texts, load_weights
 from cglib.run import RunContext
-from cglib.train import LOG_COLUMNS, load_trained, train_all, train_one
+from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
 from cglib.train.distributed import DistInfo
 from cglib.train.loop import GroupBatchData, Stepper, group_step_loss, load_inputs, set_trainable, wrap
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
@@ -352,3 +352,42 @@ def test_steps_per_epoch_are_printed_and_stored(tmp_path, capsys):
     saved = json.loads((run.dir / "training/clip/summary.json").read_text())
     assert saved["steps_per_epoch"] == 24
     assert Params.model_validate({}).train.epoch == "pairs"
+
+
+# ---------------------------------------------------------------------------------------- weights moved
+def test_weights_moved_figures_per_tower(trained):
+    """summary.json and summary_table give, per tower, the fraction of parameters changed and ||w - w0|| / ||w0||,
+    computed against the initial weights; a frozen tower reports exactly 0; no sentence when weights moved."""
+    run, summaries = trained
+    initial = weights(run.dir / "training" / "initial.safetensors")
+    for name in ("clip", "pairwise"):
+        moved = summaries[name]["weights_moved"]
+        final = load_trained(run.params, run.dir, name).model
+        params = {k: p.detach() for k, p in final.named_parameters()}
+        for tower, keys in (("image", [k for k in params if k.startswith("visual.")]),
+                            ("text", [k for k in params if k in text_keys(initial)])):
+            changed = sum(int((params[k] != initial[k]).sum()) for k in keys)
+            total = sum(params[k].numel() for k in keys)
+            delta = torch.sqrt(sum(((params[k].double() - initial[k].double()) ** 2).sum() for k in keys))
+            norm = torch.sqrt(sum((initial[k].double() ** 2).sum() for k in keys))
+            assert moved[tower]["fraction_changed"] == pytest.approx(changed / total)
+            assert moved[tower]["relative_update"] == pytest.approx(float(delta / norm))
+    assert summaries["clip"]["weights_moved"]["text"] == {**summaries["clip"]["weights_moved"]["text"],
+                                                          "trained": False, "fraction_changed": 0.0}
+    assert summaries["pairwise"]["weights_moved"]["text"]["trained"] is True
+    assert summaries["clip"]["weights_moved"]["image"]["fraction_changed"] > 0.9
+    table = summary_table(summaries)
+    assert {"steps per epoch", "image params changed", "image relative update", "text params changed",
+            "skipped steps"} <= set(table.columns)
+    assert weights_moved_note(summaries) is None
+
+
+def test_a_learning_rate_too_small_to_move_weights_is_reported(tmp_path):
+    """At lr 1e-12 in fp32 AdamW's updates (about lr) are below half an ulp of almost every weight: the summary
+    shows most image parameters unchanged and weights_moved_note says so, naming the run."""
+    run = make_run(tmp_path, epochs=1, lr=1e-12)
+    summary = train_one(run, "clip", progress=False)
+    moved = summary["weights_moved"]["image"]
+    assert moved["fraction_changed"] < 0.5 and moved["relative_update"] < 1e-9
+    note = weights_moved_note({"clip": summary})
+    assert note is not None and "clip (image tower" in note and "round away" in note

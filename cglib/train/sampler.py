@@ -244,3 +244,11 @@ class GroupBatchSampler:
                 "groups_per_batch": self.m, "pairs_per_group": self.n, "text_source": self.text_source,
                 "epoch": self.epoch_kind, "training_pairs": sum(len(p) for p in self.pairs.values()),
                 "batches_per_epoch": len(self)}
+
+
+def epoch_sizes(magic: MagicFile, groups_per_batch: int, pairs_per_group: int, text_source: TextSource = "generalized",
+                available_images: set[str] | None = None, grad_accum: int = 1) -> dict[str, int]:
+    """Optimizer steps per image-text epoch under each `train.epoch` kind, for the same data and batch shape."""
+    return {kind: -(-len(GroupBatchSampler(magic, groups_per_batch, pairs_per_group, 0, text_source,
+                                           available_images, epoch=kind)) // grad_accum)
+            for kind in ("pairs", "groups")}

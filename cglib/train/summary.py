@@ -26,17 +26,17 @@ def weights_moved(model: torch.nn.Module, initial: dict[str, torch.Tensor], trai
     out = {}
     for tower, keys in towers.items():
         changed = total = 0
-        diff_sq = base_sq = torch.zeros((), dtype=torch.float64)
+        diff_sq, base_sq = 0.0, 0.0
         for key in keys:
             w = params[key].detach().to("cpu", torch.float64)
             w0 = initial[key].to(torch.float64)
             changed += int((w != w0).sum())
             total += w.numel()
-            diff_sq += ((w - w0) ** 2).sum()
-            base_sq += (w0 ** 2).sum()
+            diff_sq += float(((w - w0) ** 2).sum())
+            base_sq += float((w0 ** 2).sum())
         out[tower] = {"trained": trained[tower], "parameters": total,
                       "fraction_changed": changed / total if total else 0.0,
-                      "relative_update": float(diff_sq.sqrt() / base_sq.sqrt()) if base_sq > 0 else 0.0}
+                      "relative_update": (diff_sq / base_sq) ** 0.5 if base_sq > 0 else 0.0}
     return out
 
 
