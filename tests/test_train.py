@@ -391,3 +391,24 @@ def test_a_learning_rate_too_small_to_move_weights_is_reported(tmp_path):
     assert moved["fraction_changed"] < 0.5 and moved["relative_update"] < 1e-9
     note = weights_moved_note({"clip": summary})
     assert note is not None and "clip (image tower" in note and "round away" in note
+
+
+# ------------------------------------------------------------------------------------------------ text ids
+def test_batch_items_carry_text_ids_of_identical_strings(tmp_path):
+    """Every batch item carries text ids over the whole batch's distinct texts: equal id <=> identical string,
+    and the same numbering on every DDP rank's shard (what the losses use to never contrast identical texts)."""
+    run = make_run(tmp_path)
+    inputs = load_inputs(run, 32, progress=False)
+    sampler = GroupBatchSampler(inputs.magic, 4, 3, seed=0)
+    for index in range(len(sampler)):
+        batch = sampler.batch(0, index)
+        ids, texts = [], []
+        for rank in range(2):
+            data = GroupBatchData(sampler, inputs.cache, 0, 0, DistInfo(rank=rank, world_size=2), None,
+                                  lambda t: torch.zeros(len(t), 4, dtype=torch.long))
+            ids += data[index]["text_ids"].tolist()
+        texts = [t for row in batch.texts for t in row]
+        assert len(ids) == len(texts) == 12
+        for a, b in itertools.combinations(range(12), 2):
+            assert (ids[a] == ids[b]) == (texts[a] == texts[b])
+        assert len(set(texts)) < len(texts)  # node captions cycle to N: identical texts do occur
