@@ -88,3 +88,19 @@ def test_loading_verifies_every_key_and_the_frozen_hash(tmp_path):
     save_file(weights, str(initial))
     with pytest.raises(ValueError, match=r"final.safetensors references frozen weights from ../initial.safetensors"):
         load_trained(run.params, run.dir, "clip")
+
+
+def test_evaluation_fingerprints_see_the_referenced_tower(minilm_run, tmp_path):
+    """The embedding cache's tower hash of a weights file covers a referenced frozen tower: two files holding the
+    same image tower but referencing different text towers get different text fingerprints."""
+    from cglib.evaluate.embeddings import file_fingerprints
+
+    run, _ = minilm_run
+    final = run.dir / "training/clip/final.safetensors"
+    state = load_file(str(final))
+    reference = referenced_weights(final)
+    other = tmp_path / "other.safetensors"
+    save_file(state, str(other), metadata={"cglib_referenced": __import__("json").dumps(
+        {**reference, "sha1": "0" * 40})})
+    a, b = file_fingerprints(final, "p"), file_fingerprints(other, "p")
+    assert a[0] == b[0] and a[1] != b[1]

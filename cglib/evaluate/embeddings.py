@@ -72,7 +72,11 @@ def file_fingerprints(path: Path, preprocessing: str) -> tuple[str, str]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        return _hash_tensors(((k, f.get_tensor(k)) for k in f.keys()), preprocessing)  # noqa: SIM118
+        image, text = _hash_tensors(((k, f.get_tensor(k)) for k in f.keys()), preprocessing)  # noqa: SIM118
+        referenced = (f.metadata() or {}).get("cglib_referenced")
+    if referenced:  # a frozen text tower referenced, not held (cglib.models.save_weights): its hash stands for it
+        text = hashlib.sha1(f"{text}|{referenced}".encode()).hexdigest()
+    return image, text
 
 
 def _hash_strings(prefix: str, strings: list[str]) -> str:
