@@ -91,16 +91,17 @@ def test_loading_verifies_every_key_and_the_frozen_hash(tmp_path):
 
 
 def test_evaluation_fingerprints_see_the_referenced_tower(minilm_run, tmp_path):
-    """The embedding cache's tower hash of a weights file covers a referenced frozen tower: two files holding the
-    same image tower but referencing different text towers get different text fingerprints."""
+    """The embedding cache's text fingerprint of a weights file covers a referenced frozen tower: a final file
+    shares its initial file's (same tower, so text embeddings are shared), and two files referencing different
+    package towers differ."""
     from cglib.evaluate.embeddings import file_fingerprints
 
     run, _ = minilm_run
+    initial = run.dir / "training/initial.safetensors"
     final = run.dir / "training/clip/final.safetensors"
-    state = load_file(str(final))
-    reference = referenced_weights(final)
+    assert file_fingerprints(final, "p")[1] == file_fingerprints(initial, "p")[1]
+    assert file_fingerprints(final, "p")[0] != file_fingerprints(initial, "p")[0]
     other = tmp_path / "other.safetensors"
-    save_file(state, str(other), metadata={"cglib_referenced": __import__("json").dumps(
-        {**reference, "sha1": "0" * 40})})
-    a, b = file_fingerprints(final, "p"), file_fingerprints(other, "p")
-    assert a[0] == b[0] and a[1] != b[1]
+    save_file(load_file(str(initial)), str(other), metadata={"cglib_referenced": __import__("json").dumps(
+        {**referenced_weights(initial), "sha1": "0" * 40})})
+    assert file_fingerprints(other, "p")[1] != file_fingerprints(initial, "p")[1]

@@ -102,6 +102,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes_to_the_same_weights(tmp_path):
     """A process training a tiny model gets SIGTERM mid-epoch: it saves a checkpoint and exits 143; resuming
     ends with exactly the weights and log of an uninterrupted run."""
