@@ -82,7 +82,12 @@ class Trainer:
         self.bundle: ClipModel = self.files.fresh_model()
         self.initial = {k: v.detach().clone() for k, v in self.bundle.model.state_dict().items()}
         if ckpt is not None:
-            self.bundle.model.load_state_dict(ckpt["model"], strict=False)  # frozen towers come from the base
+            # the checkpoint holds every key but a frozen tower's, which the initial weights already hold
+            missing, unexpected = self.bundle.model.load_state_dict(ckpt["model"], strict=False)
+            missing = sorted(set(missing) - set(self.files.frozen))
+            if missing or unexpected:
+                raise ValueError(f"{self.files.ckpt_dir / 'last.pt'} does not fit the model: missing {missing[:5]}, "
+                                 f"unexpected {unexpected[:5]}; delete it (or set train.resume: false) to start over")
             self.state = Progress(**ckpt["progress"])
             self.resumed_from = self.state.global_step
             logger.info("resuming %s at %s epoch %d batch %d", self.entry.name, self.state.phase,
