@@ -3,13 +3,16 @@ on load; per-epoch weights only when asked."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_train import make_run, text_keys
+from test_train import _interrupt_at, make_run, text_keys
 
 from cglib.models import build_model, load_weights, referenced_weights
 from cglib.train import load_trained, train_one
+from cglib.train.checkpoint import load_checkpoint, save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ def test_loading_verifies_every_key_and_the_frozen_hash(tmp_path):
     train_one(run, "clip", progress=False)
     final = run.dir / "training/clip/final.safetensors"
     state = load_file(str(final))
-    meta = {"cglib_referenced": __import__("json").dumps(referenced_weights(final))}
+    meta = {"cglib_referenced": json.dumps(referenced_weights(final))}
     model = build_model(run.params.model).model
 
     broken = tmp_path / "training/clip/missing.safetensors"
@@ -102,6 +105,20 @@ def test_evaluation_fingerprints_see_the_referenced_tower(minilm_run, tmp_path):
     assert file_fingerprints(final, "p")[1] == file_fingerprints(initial, "p")[1]
     assert file_fingerprints(final, "p")[0] != file_fingerprints(initial, "p")[0]
     other = tmp_path / "other.safetensors"
-    save_file(load_file(str(initial)), str(other), metadata={"cglib_referenced": __import__("json").dumps(
+    save_file(load_file(str(initial)), str(other), metadata={"cglib_referenced": json.dumps(
         {**referenced_weights(initial), "sha1": "0" * 40})})
     assert file_fingerprints(other, "p")[1] != file_fingerprints(initial, "p")[1]
+
+
+def test_a_checkpoint_missing_a_trained_key_is_not_resumed_silently(tmp_path):
+    """last.pt holds every trained key (not the frozen tower's); one missing is an error naming the file."""
+    run = make_run(tmp_path, epochs=1)
+    with pytest.raises(KeyboardInterrupt):
+        train_one(run, "clip", progress=False, on_step=_interrupt_at(2))
+    path = run.dir / "training/clip/checkpoints/last.pt"
+    state = load_checkpoint(path)
+    assert "visual.conv1.weight" in state["model"] and not set(state["model"]) & set(text_keys(state["model"]))
+    del state["model"]["visual.conv1.weight"]
+    save_checkpoint(path, state)
+    with pytest.raises(ValueError, match=r"last.pt does not fit the model: missing \['visual.conv1.weight'\]"):
+        train_one(run, "clip", progress=False)
