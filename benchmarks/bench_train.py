@@ -1,6 +1,6 @@
 """Training throughput: one optimizer step with each cglib loss against the same step with open_clip's ClipLoss.
 
-Same model, same batch (M groups x N pairs), same AdamW/clipping step (cglib.train.loop.Stepper); only the loss
+Same model, same batch (M groups x N pairs), same AdamW/clipping step (cglib.train.step.Stepper); only the loss
 differs. Variants are interleaved over the repeats so machine load drifts hit all of them alike; medians are
 reported as images/s and as extra cost over ClipLoss (target: group losses under 10% extra). A second table
 times the loss alone (forward + backward on fixed features).
@@ -22,7 +22,7 @@ from open_clip.loss import ClipLoss
 from cglib.config import ModelParams
 from cglib.losses import centroid_group_loss, clip_loss, pairwise_group_loss
 from cglib.models import Towers, build_model, pixels_to_tensor
-from cglib.train.loop import Stepper, set_trainable
+from cglib.train.step import Stepper, set_trainable
 
 TAU = 0.1
 

@@ -186,7 +186,12 @@ class TrainParams(Section):
         description="Models to train, each evaluated against the same items.")
     groups_per_batch: int = Field(2, ge=1, description="M: anchor group plus M-1 hard-negative groups.")
     pairs_per_group: int = Field(10, ge=1, description="N: image-text pairs drawn per group.")
-    epochs: int = Field(5, ge=1, description="Image-text epochs (each group is an anchor once per epoch).")
+    epochs: int = Field(5, ge=1, description="Image-text epochs (what one covers: train.epoch).")
+    epoch: Literal["pairs", "groups"] = Field(
+        "pairs", description="What an image-text epoch covers. pairs (the authors' code): every training (image, "
+        "generalized caption) pair once; each concept's pairs cut into seeded chunks of N, each chunk the anchor "
+        "group of a batch with M-1 chunks of hard-negative concepts. groups: one batch per training group (each "
+        "group the anchor once, N pairs drawn from it); about pairs-per-group times fewer steps.")
     lr: float = Field(1e-8, gt=0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(0.2, ge=0, description="AdamW weight decay (not on biases, norms, logit scale).")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps before the cosine decay.")
@@ -200,11 +205,14 @@ class TrainParams(Section):
     pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
     pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
     pretrain_batch_size: int = Field(64, ge=2, description="Text pairs per textual-pretraining batch (distinct "
-                                     "target texts, so no pair is another's false negative).")
+                                     "targets, at most one per group, so two targets of one group are never "
+                                     "each other's negatives).")
     text_source: Literal["generalized", "original"] = Field(
         "generalized", description="Text side of training pairs: the group's generalized captions (paper) or "
         "each image's own original captions.")
     resume: bool = Field(True, description="Continue from the last checkpoint of a run when one exists.")
+    keep_epoch_weights: bool = Field(False, description="Also keep each epoch's weights (checkpoints/epoch-XXX."
+                                     "safetensors); resuming needs none of them, only the final weights are kept.")
     num_workers: int = Field(0, ge=0, description="DataLoader workers.")
     log_every: int = Field(10, ge=1, description="Log every k steps.")
 

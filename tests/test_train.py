@@ -18,7 +18,7 @@ from cglib.config import Params
 from cglib.magic.schema import save_magic
 from cglib.models import Towers, build_model, encode_texts, load_weights
 from cglib.run import RunContext
-from cglib.train import LOG_COLUMNS, load_trained, train_all, train_one
+from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
 from cglib.train.distributed import DistInfo
 from cglib.train.loop import GroupBatchData, Stepper, group_step_loss, load_inputs, set_trainable, wrap
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
@@ -28,7 +28,7 @@ from cglib.viz.training_figures import plot_loss_curves
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
 TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 2, "lr": 1e-3, "warmup_steps": 2,
               "weight_decay": 0.01, "log_every": 2, "pretrain_epochs": 1, "pretrain_batch_size": 4,
-              "pretrain_lr": 1e-3}
+              "pretrain_lr": 1e-3, "epoch": "groups"}
 
 
 def make_run(directory: Path, model: dict | None = None, **train) -> RunContext:
@@ -163,8 +163,7 @@ def test_training_writes_the_output_contract(trained):
     for name in ("clip", "pairwise"):
         out = base / name
         assert (out / "final.safetensors").is_file()
-        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-001.safetensors",
-                                                                         "epoch-002.safetensors"]
+        assert not (out / "checkpoints").exists()  # no epoch weights unless asked; last.pt removed when done
         assert any((out / "tensorboard").iterdir())
         summary = json.loads((out / "summary.json").read_text())
         assert summary == json.loads(json.dumps(summaries[name], default=str)) | {"provenance": summary["provenance"]}
@@ -189,8 +188,8 @@ def test_pretraining_trains_the_text_tower_and_marks_exposure(trained):
     run, summaries = trained
     base = run.dir / "training"
     initial = weights(base / "initial.safetensors")
-    plain = weights(base / "clip" / "final.safetensors")
-    pre = weights(base / "pairwise" / "final.safetensors")
+    plain = load_trained(run.params, run.dir, "clip").model.state_dict()
+    pre = load_trained(run.params, run.dir, "pairwise").model.state_dict()
     assert all(torch.equal(plain[k], initial[k]) for k in text_keys(initial))  # frozen: untouched
     assert not all(torch.equal(pre[k], initial[k]) for k in text_keys(initial))
     for state in (plain, pre):
@@ -336,3 +335,80 @@ def test_dataloader_workers_give_the_same_training(tmp_path):
     a = weights(inline.dir / "training/clip/final.safetensors")
     b = weights(workers.dir / "training/clip/final.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------- epoch kinds
+def test_steps_per_epoch_are_printed_and_stored(tmp_path, capsys):
+    """A pairs epoch (the default) takes ceil(pairs / N) batches per group; the count is printed before training
+    and stored in summary.json, next to the groups epoch's one batch per group."""
+    run = make_run(tmp_path / "pairs", epoch="pairs", epochs=1)
+    summary = train_one(run, "clip", progress=False)
+    # tiny_magic: 6 groups x 6 training images x 2 node captions = 12 pairs per group, N = 3 -> 4 chunks
+    assert summary["epoch_kind"] == "pairs" and summary["steps_per_epoch"] == 6 * 4 == summary["steps"]
+    assert summary["sampler"]["training_pairs"] == 72
+    assert "clip: image-text, 24 optimizer steps per epoch x 1 epochs (train.epoch: pairs" in capsys.readouterr().out
+    groups = train_one(make_run(tmp_path / "groups", epochs=1), "clip", progress=False)
+    assert groups["epoch_kind"] == "groups" and groups["steps_per_epoch"] == 6
+    saved = json.loads((run.dir / "training/clip/summary.json").read_text())
+    assert saved["steps_per_epoch"] == 24
+    assert Params.model_validate({}).train.epoch == "pairs"
+
+
+# ---------------------------------------------------------------------------------------- weights moved
+def test_weights_moved_figures_per_tower(trained):
+    """summary.json and summary_table give, per tower, the fraction of parameters changed and ||w - w0|| / ||w0||,
+    computed against the initial weights; a frozen tower reports exactly 0; no sentence when weights moved."""
+    run, summaries = trained
+    initial = weights(run.dir / "training" / "initial.safetensors")
+    for name in ("clip", "pairwise"):
+        moved = summaries[name]["weights_moved"]
+        final = load_trained(run.params, run.dir, name).model
+        params = {k: p.detach() for k, p in final.named_parameters()}
+        for tower, keys in (("image", [k for k in params if k.startswith("visual.")]),
+                            ("text", [k for k in params if k in text_keys(initial)])):
+            changed = sum(int((params[k] != initial[k]).sum()) for k in keys)
+            total = sum(params[k].numel() for k in keys)
+            delta = torch.sqrt(sum(((params[k].double() - initial[k].double()) ** 2).sum() for k in keys))
+            norm = torch.sqrt(sum((initial[k].double() ** 2).sum() for k in keys))
+            assert moved[tower]["fraction_changed"] == pytest.approx(changed / total)
+            assert moved[tower]["relative_update"] == pytest.approx(float(delta / norm))
+    assert summaries["clip"]["weights_moved"]["text"] == {**summaries["clip"]["weights_moved"]["text"],
+                                                          "trained": False, "fraction_changed": 0.0}
+    assert summaries["pairwise"]["weights_moved"]["text"]["trained"] is True
+    assert summaries["clip"]["weights_moved"]["image"]["fraction_changed"] > 0.9
+    table = summary_table(summaries)
+    assert {"steps per epoch", "image params changed", "image relative update", "text params changed",
+            "skipped steps"} <= set(table.columns)
+    assert weights_moved_note(summaries) is None
+
+
+def test_a_learning_rate_too_small_to_move_weights_is_reported(tmp_path):
+    """At lr 1e-12 in fp32 AdamW's updates (about lr) are below half an ulp of almost every weight: the summary
+    shows most image parameters unchanged and weights_moved_note says so, naming the run."""
+    run = make_run(tmp_path, epochs=1, lr=1e-12)
+    summary = train_one(run, "clip", progress=False)
+    moved = summary["weights_moved"]["image"]
+    assert moved["fraction_changed"] < 0.5 and moved["relative_update"] < 1e-9
+    note = weights_moved_note({"clip": summary})
+    assert note is not None and "clip (image tower" in note and "round away" in note
+
+
+# ------------------------------------------------------------------------------------------------ text ids
+def test_batch_items_carry_text_ids_of_identical_strings(tmp_path):
+    """Every batch item carries text ids over the whole batch's distinct texts: equal id <=> identical string,
+    and the same numbering on every DDP rank's shard (what the losses use to never contrast identical texts)."""
+    run = make_run(tmp_path)
+    inputs = load_inputs(run, 32, progress=False)
+    sampler = GroupBatchSampler(inputs.magic, 4, 3, seed=0)
+    for index in range(len(sampler)):
+        batch = sampler.batch(0, index)
+        ids, texts = [], []
+        for rank in range(2):
+            data = GroupBatchData(sampler, inputs.cache, 0, 0, DistInfo(rank=rank, world_size=2), None,
+                                  lambda t: torch.zeros(len(t), 4, dtype=torch.long))
+            ids += data[index]["text_ids"].tolist()
+        texts = [t for row in batch.texts for t in row]
+        assert len(ids) == len(texts) == 12
+        for a, b in itertools.combinations(range(12), 2):
+            assert (ids[a] == ids[b]) == (texts[a] == texts[b])
+        assert len(set(texts)) < len(texts)  # node captions cycle to N: identical texts do occur

@@ -171,3 +171,95 @@ def test_text_pairs_have_distinct_targets_and_mark_leakage(magic):
             assert len(set(targets)) == len(targets) == 4
             assert set(captions) <= train_captions
         assert sampler.batch(1, 0) == sampler.batch(1, 0)
+
+
+@pytest.mark.parametrize("mode", ["leakage_free", "with_concepts"])
+@pytest.mark.parametrize("batch_size", [2, 4, 6])
+def test_no_pretraining_batch_holds_two_targets_of_one_group(magic, mode, batch_size):
+    """Two targets of one group never meet in a batch (so never act as each other's negatives); each target at
+    most once per epoch; every batch is full; a caption comes from the images its target belongs to."""
+    sampler = TextPairSampler(magic, mode, batch_size=batch_size, seed=3)
+    assert len(sampler) >= 1
+    for epoch in range(3):
+        seen = []
+        for index in range(len(sampler)):
+            captions, targets = sampler.batch(epoch, index)
+            owners = [sampler.owner[t] for t in targets]
+            assert len(targets) == sampler.batch_size and len(set(owners)) == len(owners)
+            for caption, target in zip(captions, targets):
+                assert caption in sampler.sources[target]
+            seen += targets
+        assert len(seen) == len(set(seen))
+    generalized = {t for g in magic.groups("train") for t in magic.nodes[g].generalized_captions}
+    assert sum(1 for t in generalized if sampler.owner[t].startswith("l1:")) == len(generalized)
+
+
+# ------------------------------------------------------------------------------------ epoch definitions
+def per_image_magic():
+    """tiny_magic with per-image generalized captions (magic.generalize: image): two of its own per image."""
+    magic = tiny_magic(per_group=8)[0]
+    magic.generalize = "image"
+    for image_id, record in magic.images.items():
+        record.generalized_captions = [f"{image_id} generalized a", f"{image_id} generalized b"]
+    return magic
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 13])
+def test_pairs_epoch_covers_every_training_pair_once(n):
+    """train.epoch pairs: the anchor chunks of an epoch hold every training (image, own generalized caption) pair
+    exactly once, plus only the padding of each group's last chunk (counted); ceil(pairs / N) batches per group."""
+    magic = per_image_magic()
+    sampler = GroupBatchSampler(magic, groups_per_batch=2, pairs_per_group=n, seed=0, epoch="pairs")
+    pairs = {(i, t) for g in magic.groups("train") for i in magic.images_of(g, "train")
+             for t in magic.generalized_texts(i)}
+    per_group = {g: 2 * len(magic.images_of(g, "train")) for g in magic.groups("train")}
+    assert len(sampler) == sum(-(-p // n) for p in per_group.values())
+    assert sampler.describe()["training_pairs"] == len(pairs) == 72
+    for epoch in range(2):
+        anchored: Counter = Counter()
+        padding = 0
+        for index in range(len(sampler)):
+            b = sampler.batch(epoch, index)
+            assert b.shape == (2, n)
+            anchored.update(zip(b.image_ids[0], b.texts[0]))
+            padding += sampler.plan.anchor(epoch, index).padded
+            for row_ids, row_texts, group in zip(b.image_ids, b.texts, b.groups):
+                for image_id, text in zip(row_ids, row_texts):
+                    assert magic.images[image_id].node == group and text in magic.generalized_texts(image_id)
+        assert set(anchored) == pairs
+        assert sum(anchored.values()) - len(pairs) == padding == sum(-(-p // n) * n - p for p in per_group.values())
+
+
+def test_pairs_epoch_is_deterministic_and_differs_across_epochs():
+    """A batch is a pure function of (seed, epoch, index): two samplers agree; epochs and seeds reorder."""
+    magic = per_image_magic()
+    a = GroupBatchSampler(magic, 2, 4, seed=5, epoch="pairs")
+    b = GroupBatchSampler(magic, 2, 4, seed=5, epoch="pairs")
+    assert [a.batch(1, i) for i in range(len(a))] == [b.batch(1, i) for i in reversed(range(len(b)))][::-1]
+    assert [a.batch(0, i).texts for i in range(len(a))] != [a.batch(1, i).texts for i in range(len(a))]
+    other = GroupBatchSampler(magic, 2, 4, seed=6, epoch="pairs")
+    assert [a.batch(0, i).texts for i in range(len(a))] != [other.batch(0, i).texts for i in range(len(a))]
+
+
+def test_groups_epoch_reads_each_images_own_texts():
+    """train.epoch groups with per-image captions: one batch per group, each text one of its image's own; the
+    frozen-text table (all_texts) is exactly the training images' texts."""
+    magic = per_image_magic()
+    sampler = GroupBatchSampler(magic, 2, 4, seed=0, epoch="groups")
+    assert len(sampler) == 6 and sampler.epoch_kind == "groups"
+    for b in sampler.epoch(0):
+        for row_ids, row_texts in zip(b.image_ids, b.texts):
+            assert all(t in magic.generalized_texts(i) for i, t in zip(row_ids, row_texts))
+    assert sampler.all_texts() == sorted({t for i in magic.split_ids("train") for t in magic.generalized_texts(i)})
+    with pytest.raises(ValueError, match="train.epoch must be"):
+        GroupBatchSampler(magic, 2, 4, epoch="images")
+
+
+def test_group_mode_pairs_are_images_with_their_nodes_captions(magic):
+    """With node-level captions (magic.generalize: group) a pair is an image with one of its node's captions, so
+    a pairs epoch holds (train images x node captions) pairs; the groups epoch keeps today's batches."""
+    sampler = GroupBatchSampler(magic, 2, 4, seed=0, epoch="pairs")
+    assert sampler.describe()["training_pairs"] == sum(
+        len(magic.images_of(g, "train")) * len(magic.nodes[g].generalized_captions) for g in magic.groups("train"))
+    groups = GroupBatchSampler(magic, 2, 4, seed=0)
+    assert groups.epoch_kind == "groups" and len(groups) == 6

@@ -19,11 +19,17 @@ import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from cglib.data.dataset import CaptionDataset, ImageLoadError
+
+if TYPE_CHECKING:
+    from cglib.magic.schema import MagicFile
+    from cglib.run import RunContext
+    from cglib.train.distributed import DistInfo
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +176,31 @@ def build_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progr
         logger.warning("image cache: skipped %d of %d images (%s); they are left out, not replaced",
                        sum(skipped.values()), len(dataset), ", ".join(f"{k}: {v}" for k, v in skipped.items()))
     return ImageCache(directory, kept, size, skipped, skipped_ids)
+
+
+def image_cache_dir(run: RunContext) -> Path:
+    """Where a run keeps its decoded-image caches (shared by training, evaluation and visualization)."""
+    return run.dir / "cache" / "images"
+
+
+def magic_image_cache(run: RunContext, magic: MagicFile, dataset: CaptionDataset, size: int,
+                      progress: bool = True, info: DistInfo | None = None) -> ImageCache:
+    """The image cache of the MAGIC images (both splits) at `size`; built by rank 0, opened by the others."""
+    from cglib.train import distributed  # torch: imported only when a MAGIC cache is asked for
+
+    known = set(dataset.image_ids)
+    missing = [i for i in magic.images if i not in known]
+    if missing:
+        raise ValueError(f"{len(missing)} MAGIC images are not in the captions dataset (first: {missing[0]}); "
+                         "re-run 03_magic_dag on the current captions")
+    wanted = set(magic.images)
+    subset = dataset.subset([i for i in dataset.image_ids if i in wanted])
+    info = info or distributed.DistInfo()
+    if info.is_main:
+        cache = build_image_cache(subset, size, image_cache_dir(run), progress=progress)
+    distributed.barrier(info)
+    if not info.is_main:
+        cache = open_image_cache(subset, size, image_cache_dir(run))
+        if cache is None:
+            raise RuntimeError("rank 0 did not leave a complete image cache; check its log")
+    return cache

@@ -15,6 +15,7 @@ file is reused.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -72,7 +73,14 @@ def file_fingerprints(path: Path, preprocessing: str) -> tuple[str, str]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        return _hash_tensors(((k, f.get_tensor(k)) for k in f.keys()), preprocessing)  # noqa: SIM118
+        image, text = _hash_tensors(((k, f.get_tensor(k)) for k in f.keys()), preprocessing)  # noqa: SIM118
+        referenced = (f.metadata() or {}).get("cglib_referenced")
+    if referenced:  # a frozen text tower referenced, not held (cglib.models.save_weights, verified on load)
+        source = json.loads(referenced)["source"]
+        if source != "package":  # held by another weights file: the same tower, so the same fingerprint
+            return image, file_fingerprints(Path(path).parent / source, preprocessing)[1]
+        text = hashlib.sha1(f"{text}|{referenced}".encode()).hexdigest()  # built from its package: its hash
+    return image, text
 
 
 def _hash_strings(prefix: str, strings: list[str]) -> str:

@@ -155,7 +155,7 @@ def _test_pixels(run: RunContext, magic, dataset: CaptionDataset, image_size: Ca
     if dataset.pixels is not None:
         pixels = dataset.pixels[[row_of[i] for i in present]]
         return (lambda: pixels), pixel_fingerprint(pixels=pixels), set(present), skipped
-    from cglib.train import magic_image_cache
+    from cglib.data.image_cache import magic_image_cache
 
     cache = magic_image_cache(run, magic, dataset, image_size(), progress)
     readable = [i for i in present if i in cache]

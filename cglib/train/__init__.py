@@ -1,4 +1,4 @@
-"""Training: group batches, open_clip models, AMP, checkpoints, textual pretraining, DDP (see loop.py).
+"""Training: group batches, open_clip models, AMP, checkpoints, textual pretraining, DDP (see loop.py's map).
 
 Names are imported lazily, so `cglib.train.sampler` (pure Python + NumPy) loads without torch and open_clip.
 """
@@ -9,9 +9,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "loop": ["LOG_COLUMNS", "ZERO_SHOT", "TrainInputs", "ensure_initial", "image_cache_dir", "load_inputs",
-             "load_trained", "magic_image_cache", "model_image_size", "run_spec", "summary_table", "train_all",
-             "train_one"],
+    "loop": ["LOG_COLUMNS", "ZERO_SHOT", "TrainInputs", "ensure_initial", "load_inputs", "load_trained",
+             "model_image_size", "run_spec", "summary_table", "train_all", "train_one", "weights_moved_note"],
     "pretrain": ["TextPairSampler", "exposed_to_eval_strings"],
     "sampler": ["GroupBatch", "GroupBatchSampler"],
 }

@@ -38,9 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         seed_everything(params.run.seed)
         set_threads(params.run.threads)
     info = init_distributed(run.device())
+    from cglib.train.faults import Terminated
     from cglib.train.loop import train_all
 
-    summaries = train_all(run, args.runs, progress=not args.no_progress, info=info)
+    try:
+        summaries = train_all(run, args.runs, progress=not args.no_progress, info=info)
+    except Terminated:  # SIGTERM: the run saved its checkpoint; the same command resumes it
+        return 128 + 15
     if info.is_main:
         for name, s in summaries.items():
             print(json.dumps({"run": name, "steps": s["steps"], "final_loss": s["final_loss"],

@@ -1,7 +1,8 @@
 """Training checkpoints that load with `torch.load(weights_only=True)`: tensors, numbers, strings, lists, dicts.
 
-A checkpoint holds the model and optimizer, scheduler and grad-scaler state, the position in the run (phase,
-epoch, next batch, optimizer steps, elapsed wall time) and the RNG states as tensors. The sampler needs no
+A checkpoint holds the trained weights (a tower frozen for the whole run is left out: it is the initial one),
+optimizer, scheduler and grad-scaler state, the position in the run (phase, epoch, next batch, optimizer steps,
+elapsed wall time), the resolved device type and AMP dtype, and the RNG states as tensors. The sampler needs no
 state: a batch is a pure function of (seed, epoch, index). Writes are atomic (temp file, then rename).
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +56,137 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# --------------------------------------------------------------------------------------- a run's files
+@dataclass
+class Progress:
+    """Position and counters of a run (all saved in the checkpoint)."""
+
+    phase: str = "pretrain"
+    epoch: int = 0
+    batch: int = 0  # next batch index within the epoch
+    step: int = 0  # optimizer steps done in this phase
+    global_step: int = 0  # optimizer steps over both phases
+    pretrain_steps: int = 0
+    wall_s: float = 0.0
+    images: int = 0
+    data_wait_s: float = 0.0
+    compute_s: float = 0.0
+    fallback_batches: int = 0
+    repeated_images: int = 0
+    skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (faults.py)
+    epoch_losses: list[float] = field(default_factory=list)
+    epoch_sum: float = 0.0
+    epoch_count: int = 0
+    pretrain_losses: list[float] = field(default_factory=list)
+
+    def state(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def count(self, result: dict[str, float]) -> None:
+        """Count one completed optimizer step; a skipped step's (non-finite) loss stays out of the epoch mean."""
+        self.step, self.global_step = self.step + 1, self.global_step + 1
+        if result.get("skipped"):
+            self.skipped_steps += 1
+        elif math.isfinite(result["loss"]):
+            self.epoch_sum, self.epoch_count = self.epoch_sum + result["loss"], self.epoch_count + 1
+
+
+INITIAL = "initial.safetensors"
+FINAL = "final.safetensors"
+CHECKPOINT_VERSION = 2  # 2: records the resolved device and AMP dtype; holds only the trained keys
+
+
+def text_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict keys of the text tower: every key outside the image tower and the (frozen) logit scale/bias."""
+    return sorted(k for k in model.state_dict() if not k.startswith("visual.") and k not in ("logit_scale",
+                                                                                          "logit_bias"))
+
+
+class RunFiles:
+    """Where a run's weights, checkpoint and outputs live, and how they are written and read (rank 0 writes)."""
+
+    def __init__(self, run: Any, name: str, spec: dict[str, Any], info: Any, precision: dict[str, str]) -> None:
+        self.run, self.info, self.precision = run, info, precision
+        self.hash = spec_hash(spec)
+        self.base = run.stage("training")
+        self.out = self.base / name
+        self.ckpt_dir = self.out / "checkpoints"
+        entry = next(r for r in run.params.train.runs if r.name == name)
+        # the text tower is frozen for the whole run unless it trains here or in textual pretraining
+        self.text_frozen = run.params.model.freeze_text and entry.pretrain == "none"
+
+    def fresh_model(self):
+        """The run's starting point: the model of params.model with the initial (zero-shot) weights."""
+        from cglib.models import architecture_params, build_model, load_weights
+
+        bundle = build_model(architecture_params(self.run.params.model), "cpu")
+        load_weights(bundle.model, self.base / INITIAL)
+        self.frozen = text_keys(bundle.model) if self.text_frozen else []
+        return bundle
+
+    def trained_state(self, bundle: Any) -> dict[str, torch.Tensor]:
+        """The tensors a checkpoint holds: every key but those of a tower frozen for the whole run."""
+        frozen = set(self.frozen)
+        return {k: v.detach().cpu() for k, v in bundle.model.state_dict().items() if k not in frozen}
+
+    def save_weights(self, bundle: Any, path: Path) -> None:
+        """Weights of what trains; a frozen tower is referenced (initial.safetensors) and verified on load."""
+        from cglib.models import save_weights
+
+        if self.info.is_main:
+            source = Path("../" * len(path.parent.relative_to(self.base).parts)) / INITIAL
+            save_weights(bundle.model, path, exclude=self.frozen, source=str(source))
+
+    def save_epoch_weights(self, bundle: Any, epoch: int) -> None:
+        """Per-epoch weights, only with train.keep_epoch_weights (resuming needs none of them)."""
+        if getattr(self.run.params.train, "keep_epoch_weights", False):
+            self.save_weights(bundle, self.ckpt_dir / f"epoch-{epoch:03d}.safetensors")
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """The run's last.pt when resuming is allowed and it was written for this spec (warned otherwise)."""
+        import warnings
+
+        from cglib.train.faults import check_resume_precision
+
+        path = self.ckpt_dir / LAST
+        if not self.run.params.train.resume or not path.is_file():
+            return None
+        state = load_checkpoint(path)
+        if state.get("version") != CHECKPOINT_VERSION or state.get("spec_hash") != self.hash:
+            warnings.warn(f"{path} was written for other params or data; starting run {self.out.name!r} "
+                          "from scratch (its old outputs are replaced)", stacklevel=4)
+            return None
+        check_resume_precision(path, state.get("precision"), self.precision)
+        return state
+
+    def save_checkpoint(self, bundle: Any, progress: dict[str, Any], rng: dict[str, Any], stepper: Any) -> None:
+        """Write last.pt: the trained weights, optimizer/scheduler/scaler, position, RNG, device and AMP dtype."""
+        if not self.info.is_main:
+            return
+        save_checkpoint(self.ckpt_dir / LAST, {
+            "version": CHECKPOINT_VERSION, "spec_hash": self.hash, "precision": self.precision,
+            "progress": progress, "model": self.trained_state(bundle),
+            "stepper": None if stepper is None else stepper.state_dict(), "rng": rng})
+
+    def clear_outputs(self) -> None:
+        """Remove a previous attempt's outputs before training from scratch."""
+        import shutil
+
+        from cglib.train import distributed
+
+        if self.info.is_main:
+            for name in ("log.csv", "summary.json", FINAL):
+                (self.out / name).unlink(missing_ok=True)
+            for name in ("tensorboard", "checkpoints"):
+                shutil.rmtree(self.out / name, ignore_errors=True)
+        distributed.barrier(self.info)
+
+    @staticmethod
+    def rng() -> dict[str, Any]:
+        return rng_state()
+
+    @staticmethod
+    def set_rng(state: dict[str, Any]) -> None:
+        set_rng_state(state)

@@ -1,8 +1,9 @@
 """Group batches (paper Sec. 4): an anchor MAGIC group plus M-1 of its hard-negative groups, N pairs per group.
 
-An epoch visits every training group once as the anchor, in a seeded random order. Each batch is a pure
-function of (seed, epoch, position), so a resumed run, every DDP rank and a test all rebuild the same batch
-from three integers, with no sampler state to save.
+What an epoch covers, and so which anchor each batch has, is `train.epoch` (epochs.py: "pairs", every training
+pair once, or "groups", every group once as the anchor). Each batch is a pure function of (seed, epoch,
+position), so a resumed run, every DDP rank and a test all rebuild the same batch from three integers, with no
+sampler state to save.
 
 Negatives. The M-1 negatives are drawn at random from the anchor's hard negatives (`Node.hard_negatives`,
 threshold `magic.hard_negative_sim`). When there are fewer than M-1, the rest are FALLBACKS, taken in this
@@ -14,14 +15,16 @@ order and flagged per group in `GroupBatch.fallback` (the run's log counts them)
   4. any remaining training group, at random.
 Only training groups (with at least one usable training image) are ever drawn.
 
-Pairs. Each group contributes N (image, text) pairs. Images: the group's training images in a seeded random
-order; a group with fewer than N images cycles through that order again (every image is used once before any
-repeats; `GroupBatch.repeated_images` counts the repeats), so small groups stay in training at the paper's N.
-Texts (`text_source`):
-  - "generalized" (paper: text side = generalized captions): the group's generalized captions in a seeded
-    random order, cycled to length N, paired with the images position by position. They describe the group,
-    not one image, so any pairing within the group is equally right.
-  - "original": one of each sampled image's own captions, chosen at random.
+Pairs. Each group contributes N (image, text) pairs; a text is read only through
+`MagicFile.generalized_texts(image)` (text_source "generalized": the image's own generalized captions, or its
+l1 node's with magic.generalize: group) or is one of the image's own captions (text_source "original").
+  - pairs epoch: the anchor's N pairs are its chunk; each negative group gives N of its pairs, drawn without
+    replacement (cycled when it has fewer; repeats counted).
+  - groups epoch: images are the group's training images in a seeded random order, cycled when fewer than N
+    (every image is used once before any repeats; `GroupBatch.repeated_images` counts the repeats). Texts:
+    with node-level captions (magic.generalize: group) the node's captions in a seeded random order, cycled to
+    N and paired position by position (they describe the group, so any pairing within it is equally right);
+    otherwise one of each sampled image's own texts, at random.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from cglib.magic.schema import MagicFile
+from cglib.train.epochs import EpochKind, GroupsEpoch, Pair, PairsEpoch, sample_pairs
 
 TextSource = Literal["generalized", "original"]
 
@@ -90,12 +94,14 @@ class GroupBatchSampler:
 
     def __init__(self, magic: MagicFile, groups_per_batch: int, pairs_per_group: int, seed: int = 0,
                  text_source: TextSource = "generalized", available_images: set[str] | None = None,
-                 split: str = "train") -> None:
+                 split: str = "train", epoch: EpochKind = "groups") -> None:
         if groups_per_batch < 1 or pairs_per_group < 1:
             raise ValueError(f"train.groups_per_batch ({groups_per_batch}) and train.pairs_per_group "
                              f"({pairs_per_group}) must be at least 1")
         if text_source not in ("generalized", "original"):
             raise ValueError(f"train.text_source must be 'generalized' or 'original', got {text_source!r}")
+        if epoch not in ("pairs", "groups"):
+            raise ValueError(f"train.epoch must be 'pairs' or 'groups', got {epoch!r}")
         self.magic = magic
         self.m, self.n, self.seed, self.text_source = groups_per_batch, pairs_per_group, seed, text_source
         self.images: dict[str, list[str]] = {}
@@ -110,11 +116,18 @@ class GroupBatchSampler:
             raise ValueError(f"train.groups_per_batch (M={self.m}) exceeds the number of training groups with "
                              f"usable images ({len(self.groups)}); lower groups_per_batch to at most "
                              f"{len(self.groups)}")
-        if text_source == "generalized":
-            empty = [g for g in self.groups if not magic.nodes[g].generalized_captions]
-            if empty:
-                raise ValueError(f"{len(empty)} training groups have no generalized captions (first: {empty[0]}); "
-                                 "rebuild MAGIC with generalized captions or set train.text_source: original")
+        # texts of each training image, read only through generalized_texts (or the image's own captions)
+        self.texts = {i: (magic.generalized_texts(i) if text_source == "generalized" else list(magic.images[i].captions))
+                      for ids in self.images.values() for i in ids}
+        empty = sorted(i for i, t in self.texts.items() if not t)
+        if empty:
+            raise ValueError(f"{len(empty)} training images have no generalized captions (first: {empty[0]}); "
+                             "rebuild MAGIC with generalized captions or set train.text_source: original")
+        # node-level captions (magic.generalize: group) pair with any image of the group: cycled as a group's texts
+        self.group_texts = text_source == "generalized" and magic.generalize == "group"
+        self.pairs: dict[str, list[Pair]] = {g: [(i, t) for i in ids for t in self.texts[i]]
+                                             for g, ids in self.images.items()}
+        self.plan = PairsEpoch(self.pairs, self.n, seed) if epoch == "pairs" else GroupsEpoch(self.groups, seed)
         self._group_set = set(self.groups)
         self._ancestors = {g: self._chain(g) for g in self.groups}
         self._hard = {g: [x for x in magic.negatives(g, include_fallback=False) if x in self._group_set]
@@ -122,8 +135,12 @@ class GroupBatchSampler:
 
     # ------------------------------------------------------------------------------------ structure
     def __len__(self) -> int:
-        """Batches per epoch: every training group is the anchor once."""
-        return len(self.groups)
+        """Batches per epoch: every training pair once in chunks of N (pairs), or every group once (groups)."""
+        return len(self.plan)
+
+    @property
+    def epoch_kind(self) -> str:
+        return self.plan.kind
 
     @property
     def groups_below_n(self) -> list[str]:
@@ -135,9 +152,8 @@ class GroupBatchSampler:
         return list(self._hard[group])
 
     def epoch_order(self, epoch: int) -> list[str]:
-        """Anchors of one epoch: every training group once, in a seeded random order."""
-        rng = np.random.default_rng([self.seed, epoch])
-        return [self.groups[i] for i in rng.permutation(len(self.groups))]
+        """Anchor groups of one epoch's batches, in order."""
+        return [self.plan.anchor(epoch, i).group for i in range(len(self))]
 
     def _fallback_tiers(self, anchor: str, exclude: set[str]) -> list[tuple[list[str], bool]]:
         """Candidate fallbacks in priority tiers; each tier says whether it is shuffled (True) or ordered."""
@@ -189,20 +205,25 @@ class GroupBatchSampler:
         """Batch `index` of `epoch`: a pure function of (seed, epoch, index)."""
         if not 0 <= index < len(self):
             raise IndexError(f"batch index {index} out of range for an epoch of {len(self)} batches")
-        anchor = self.epoch_order(epoch)[index]
+        anchor = self.plan.anchor(epoch, index)
         rng = np.random.default_rng([self.seed, epoch, index, 1])
-        negatives, flags = self.negatives_for(anchor, rng)
-        groups = [anchor, *negatives]
+        negatives, flags = self.negatives_for(anchor.group, rng)
+        groups = [anchor.group, *negatives]
         image_ids, texts, repeated = [], [], 0
-        for group in groups:
+        for k, group in enumerate(groups):
+            if self.epoch_kind == "pairs":
+                pairs, reps = (anchor.pairs, anchor.padded) if k == 0 else sample_pairs(self.pairs[group], self.n, rng)
+                image_ids.append([i for i, _ in pairs])
+                texts.append([t for _, t in pairs])
+                repeated += reps
+                continue
             ids, reps = _cycle(self.images[group], self.n, rng)
             repeated += reps
             image_ids.append(ids)
-            if self.text_source == "generalized":
-                texts.append(_cycle(list(self.magic.nodes[group].generalized_captions), self.n, rng)[0])
+            if self.group_texts:  # the node's captions: every image of the group has the same list
+                texts.append(_cycle(self.texts[ids[0]], self.n, rng)[0])
             else:
-                captions = [self.magic.images[i].captions for i in ids]
-                texts.append([c[int(rng.integers(len(c)))] for c in captions])
+                texts.append([self.texts[i][int(rng.integers(len(self.texts[i])))] for i in ids])
         return GroupBatch(epoch, index, groups, image_ids, texts, [False, *flags], repeated)
 
     def epoch(self, epoch: int, start: int = 0):
@@ -212,11 +233,7 @@ class GroupBatchSampler:
 
     def all_texts(self) -> list[str]:
         """Every text a batch can contain, sorted and unique (what a frozen text tower encodes once)."""
-        if self.text_source == "generalized":
-            texts = {t for g in self.groups for t in self.magic.nodes[g].generalized_captions}
-        else:
-            texts = {c for g in self.groups for i in self.images[g] for c in self.magic.images[i].captions}
-        return sorted(texts)
+        return sorted({t for texts in self.texts.values() for t in texts})
 
     def describe(self) -> dict:
         """Counts for the run summary: groups, images, hard-negative coverage, small groups."""
@@ -225,4 +242,13 @@ class GroupBatchSampler:
                 "unavailable_train_images": self.unavailable_images,
                 "groups_needing_fallback_negatives": short, "groups_below_pairs_per_group": len(self.groups_below_n),
                 "groups_per_batch": self.m, "pairs_per_group": self.n, "text_source": self.text_source,
+                "epoch": self.epoch_kind, "training_pairs": sum(len(p) for p in self.pairs.values()),
                 "batches_per_epoch": len(self)}
+
+
+def epoch_sizes(magic: MagicFile, groups_per_batch: int, pairs_per_group: int, text_source: TextSource = "generalized",
+                available_images: set[str] | None = None, grad_accum: int = 1) -> dict[str, int]:
+    """Optimizer steps per image-text epoch under each `train.epoch` kind, for the same data and batch shape."""
+    return {kind: -(-len(GroupBatchSampler(magic, groups_per_batch, pairs_per_group, 0, text_source,
+                                           available_images, epoch=kind)) // grad_accum)
+            for kind in ("pairs", "groups")}

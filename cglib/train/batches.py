@@ -1,0 +1,57 @@
+"""Batch data of the image-text phase: the sampler's group batches as tensors, for a DataLoader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from cglib.data.image_cache import ImageCache
+from cglib.train.distributed import DistInfo
+from cglib.train.sampler import GroupBatchSampler
+
+
+class GroupBatchData(torch.utils.data.Dataset):
+    """Batches of one epoch from position `start`, as tensors: uint8 pixels plus text rows or tokens.
+
+    Every item carries `text_ids`, this rank's (m*n,) slice of ids over the WHOLE batch's distinct texts (equal id
+    = identical string, the same on every rank), which the losses use to keep identical texts from being each
+    other's negatives. Each rank keeps its own groups; a DataLoader may run this in worker processes (the cache
+    is a memmap).
+    """
+
+    def __init__(self, sampler: GroupBatchSampler, cache: ImageCache, epoch: int, start: int, info: DistInfo,
+                 text_rows: dict[str, int] | None, tokenizer: Callable | None) -> None:
+        self.sampler, self.cache, self.epoch, self.start, self.info = sampler, cache, epoch, start, info
+        self.text_rows, self.tokenizer = text_rows, tokenizer
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.start
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        full = self.sampler.batch(self.epoch, self.start + i)
+        batch = full.shard(self.info.rank, self.info.world_size)
+        m, n = batch.shape
+        ids = [image_id for row in batch.image_ids for image_id in row]
+        texts = [t for row in batch.texts for t in row]
+        identity = {t: k for k, t in enumerate(sorted({t for row in full.texts for t in row}))}
+        item: dict[str, Any] = {"pixels": torch.from_numpy(self.cache.get(ids)), "m": m, "n": n,
+                                "index": self.start + i, "fallback_groups": full.n_fallback,
+                                "repeated_images": full.repeated_images, "global_images": len(full.groups) * n,
+                                "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long)}
+        if self.text_rows is not None:
+            item["text_rows"] = torch.tensor([self.text_rows[t] for t in texts], dtype=torch.long)
+        else:  # trainable text tower: tokenize each distinct text once
+            unique = sorted(set(texts))
+            where = {t: k for k, t in enumerate(unique)}
+            item["tokens"] = self.tokenizer(unique)
+            item["text_inverse"] = torch.tensor([where[t] for t in texts], dtype=torch.long)
+        return item
+
+
+def batch_loader(dataset: torch.utils.data.Dataset, num_workers: int, device: torch.device
+                 ) -> Iterator[dict[str, Any]]:
+    """Iterate a batch dataset; a private generator keeps the global RNG untouched (exact resume)."""
+    return iter(torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=num_workers,
+                                            pin_memory=device.type == "cuda", generator=torch.Generator()))

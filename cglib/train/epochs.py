@@ -1,0 +1,103 @@
+"""What one image-text epoch covers (`train.epoch`): the anchors of its batches, as a pure function of (seed, epoch).
+
+- "pairs" (the authors' code, the schema default): every training (image, generalized caption) pair once. Each
+  concept's pairs are shuffled (seeded by seed and epoch) and cut into chunks of N; each chunk is the anchor
+  group of one batch, and the chunks of all concepts are visited in a seeded random order. A concept's last
+  chunk, when shorter than N, is filled up with other pairs of the same concept (counted as repeats), so every
+  batch keeps the (M, N) shape. About (number of pairs) / N batches per epoch.
+- "groups": one batch per training group, each group the anchor once in a seeded random order; its N pairs are
+  drawn when the batch is built (sampler.py). About N times fewer steps than "pairs" at one caption per image.
+
+A pair's text is one of ITS image's generalized captions (`MagicFile.generalized_texts`), or one of its own
+original captions with `train.text_source: original`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+EpochKind = Literal["pairs", "groups"]
+Pair = tuple[str, str]  # (image id, text)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """The anchor of one batch: its group and, in a pairs epoch, its N pairs (`padded` of them repeats)."""
+
+    group: str
+    pairs: list[Pair] | None = None
+    padded: int = 0
+
+
+class GroupsEpoch:
+    """One batch per training group: every group is the anchor once, in a seeded random order."""
+
+    kind = "groups"
+
+    def __init__(self, groups: list[str], seed: int) -> None:
+        self.groups, self.seed = list(groups), seed
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def order(self, epoch: int) -> list[str]:
+        """Anchors of one epoch: every training group once, in a seeded random order."""
+        rng = np.random.default_rng([self.seed, epoch])
+        return [self.groups[i] for i in rng.permutation(len(self.groups))]
+
+    def anchor(self, epoch: int, index: int) -> Anchor:
+        return Anchor(self.order(epoch)[index])
+
+
+class PairsEpoch:
+    """Every training pair once: each group's pairs in seeded chunks of N, chunks of all groups shuffled."""
+
+    kind = "pairs"
+
+    def __init__(self, pairs: dict[str, list[Pair]], n: int, seed: int) -> None:
+        self.pairs = {g: sorted(p) for g, p in sorted(pairs.items()) if p}
+        self.n, self.seed = n, seed
+        self._length = sum(-(-len(p) // n) for p in self.pairs.values())
+        self._cached: tuple[int, list[Anchor]] | None = None
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def n_pairs(self) -> int:
+        return sum(len(p) for p in self.pairs.values())
+
+    def plan(self, epoch: int) -> list[Anchor]:
+        """Every anchor chunk of `epoch` in visiting order (cached: a batch asks for its own only)."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
+        rng = np.random.default_rng([self.seed, epoch, 4])
+        chunks: list[Anchor] = []
+        for group, pairs in self.pairs.items():
+            shuffled = [pairs[i] for i in rng.permutation(len(pairs))]
+            for start in range(0, len(shuffled), self.n):
+                chunk = shuffled[start:start + self.n]
+                padded = self.n - len(chunk)
+                if padded:  # fill up with the group's other pairs, a seeded pick, cycling for tiny groups
+                    taken = set(chunk)
+                    others = [p for p in shuffled if p not in taken] or shuffled
+                    fill = [others[i] for i in rng.permutation(len(others))]
+                    chunk = chunk + (fill * (-(-padded // len(fill))))[:padded]
+                chunks.append(Anchor(group, chunk, padded))
+        plan = [chunks[i] for i in rng.permutation(len(chunks))]
+        self._cached = (epoch, plan)
+        return plan
+
+    def anchor(self, epoch: int, index: int) -> Anchor:
+        return self.plan(epoch)[index]
+
+
+def sample_pairs(pairs: list[Pair], n: int, rng: np.random.Generator) -> tuple[list[Pair], int]:
+    """`n` pairs of a negative group: without replacement when it has enough, else cycled; also the repeats."""
+    order = [pairs[i] for i in rng.permutation(len(pairs))]
+    if len(order) >= n:
+        return order[:n], 0
+    return (order * -(-n // len(order)))[:n], n - len(order)

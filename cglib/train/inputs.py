@@ -1,0 +1,72 @@
+"""What every run of a params file reads: magic.json, the image cache of its images, and the run entries."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from cglib.config import Params, TrainRunParams
+from cglib.data.dataset import CaptionDataset
+from cglib.data.image_cache import ImageCache, magic_image_cache
+from cglib.magic.schema import MagicFile, load_magic
+from cglib.run import RunContext
+from cglib.train.distributed import DistInfo
+
+
+@dataclass
+class TrainInputs:
+    """What every run of a params file reads: the MAGIC file and the image cache of its images."""
+
+    magic: MagicFile
+    cache: ImageCache
+    fingerprint: str  # hash of magic.json and the cache key: a checkpoint of other data is not resumed
+
+
+def model_image_size(params: Params) -> int:
+    """The input size of params.model (the training image cache is built at it)."""
+    if params.model.image_size is not None:
+        return params.model.image_size
+    from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
+
+    name = params.model.name
+    if name in CGLIB_CONFIGS:
+        return (DEMO_VISION if name == "cglib-demo-vit" else TINY_VISION)["image_size"]
+    import open_clip
+
+    config = open_clip.get_model_config(name)
+    if config is None:
+        raise ValueError(f"model.name '{name}' is not an open_clip architecture (see open_clip.list_models())")
+    size = config["vision_cfg"]["image_size"]
+    return int(size[0] if isinstance(size, list | tuple) else size)
+
+
+def load_inputs(run: RunContext, image_size: int | None = None, progress: bool = True,
+                info: DistInfo | None = None) -> TrainInputs:
+    """magic.json, and the image cache of its images at `image_size` (default: the model's input size)."""
+    image_size = image_size or model_image_size(run.params)
+    magic_path = run.require("magic/magic.json", "03_magic_dag")
+    dataset_dir = run.require("captions/dataset.json", "01_captions").parent
+    magic = load_magic(magic_path)
+    cache = magic_image_cache(run, magic, CaptionDataset.load(dataset_dir), image_size, progress, info)
+    digest = hashlib.sha1(magic_path.read_bytes())
+    digest.update(cache.directory.name.encode())
+    return TrainInputs(magic, cache, digest.hexdigest()[:16])
+
+
+def run_entry(params: Params, name: str) -> TrainRunParams:
+    """The train.runs entry called `name` (ValueError listing the names otherwise)."""
+    for entry in params.train.runs:
+        if entry.name == name:
+            return entry
+    raise ValueError(f"no run named {name!r} in train.runs; choose one of {[r.name for r in params.train.runs]}")
+
+
+def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
+    """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed."""
+    t = params.train
+    spec = entry.model_dump(mode="json")
+    spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
+                alpha=t.alpha if entry.alpha is None else entry.alpha)
+    train = t.model_dump(mode="json", exclude={"runs", "resume", "num_workers", "log_every", "keep_epoch_weights"})
+    return {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}

@@ -1,0 +1,57 @@
+"""The per-step record of a run: `log.csv` (LOG_COLUMNS) and TensorBoard scalars."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LOG_COLUMNS = ["phase", "epoch", "step", "global_step", "loss", "inner", "outer", "lr", "grad_norm",
+               "images_per_s", "data_wait_s", "step_s", "fallback_groups", "repeated_images", "skipped", "wall_s"]
+
+
+class RunLog:
+    """Per-step CSV rows and TensorBoard scalars; on resume, rows after the checkpoint are dropped."""
+
+    def __init__(self, out: Path, enabled: bool, resume_global_step: int | None, log_every: int) -> None:
+        self.enabled, self.log_every = enabled, log_every
+        self.path = out / "log.csv"
+        self.window: dict[str, list[float]] = {}
+        self.writer = None
+        if not enabled:
+            return
+        keep: list[dict[str, str]] = []
+        if resume_global_step is not None and self.path.is_file():
+            with self.path.open(newline="", encoding="utf-8") as f:
+                keep = [r for r in csv.DictReader(f) if int(r["global_step"]) <= resume_global_step]
+        with self.path.open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, LOG_COLUMNS)
+            w.writeheader()
+            w.writerows(keep)
+        self.file = self.path.open("a", newline="", encoding="utf-8")
+        self.csv = csv.DictWriter(self.file, LOG_COLUMNS)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=(resume_global_step or 0) + 1)
+
+    def row(self, row: dict[str, Any]) -> None:
+        """Append one step's row; every `log_every` steps write window means to TensorBoard."""
+        if not self.enabled:
+            return
+        self.csv.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
+        for key in ("loss", "inner", "outer", "lr", "grad_norm", "images_per_s", "data_wait_s"):
+            if isinstance(row.get(key), float) and math.isfinite(row[key]):
+                self.window.setdefault(key, []).append(row[key])
+        if row["global_step"] % self.log_every == 0:
+            self.file.flush()
+            for key, values in self.window.items():
+                self.writer.add_scalar(f"{row['phase']}/{key}", float(np.mean(values)), row["global_step"])
+            self.window = {}
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            self.writer.close()

@@ -1,0 +1,134 @@
+"""What a finished run reports: summary.json, final weights, whether the weights moved, and the runs' table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cglib.config import Params
+from cglib.run import provenance, write_json
+from cglib.train import distributed
+from cglib.train.checkpoint import FINAL, LAST, text_keys
+from cglib.train.pretrain import exposed_to_eval_strings
+
+if TYPE_CHECKING:
+    from cglib.train.trainer import Trainer
+
+MOSTLY_STILL = 0.5  # below this fraction of changed parameters a trained tower "did not move"
+
+
+def weights_moved(model: torch.nn.Module, initial: dict[str, torch.Tensor], trained: dict[str, bool]
+                  ) -> dict[str, dict[str, Any]]:
+    """Per tower (image, text): fraction of parameter entries changed at all and ||w - w0|| / ||w0||."""
+    params = dict(model.named_parameters())
+    text = set(text_keys(model))
+    towers = {"image": [k for k in params if k.startswith("visual.")], "text": [k for k in params if k in text]}
+    out = {}
+    for tower, keys in towers.items():
+        changed = total = 0
+        diff_sq, base_sq = 0.0, 0.0
+        for key in keys:
+            w = params[key].detach().to("cpu", torch.float64)
+            w0 = initial[key].to(torch.float64)
+            changed += int((w != w0).sum())
+            total += w.numel()
+            diff_sq += float(((w - w0) ** 2).sum())
+            base_sq += float((w0 ** 2).sum())
+        out[tower] = {"trained": trained[tower], "parameters": total,
+                      "fraction_changed": changed / total if total else 0.0,
+                      "relative_update": (diff_sq / base_sq) ** 0.5 if base_sq > 0 else 0.0}
+    return out
+
+
+def weights_moved_note(summaries: dict[str, dict[str, Any]]) -> str | None:
+    """A sentence naming the runs whose trained towers mostly did not move (None when every tower moved)."""
+    still = []
+    for name, s in summaries.items():
+        for tower, m in (s.get("weights_moved") or {}).items():
+            if m["trained"] and m["fraction_changed"] < MOSTLY_STILL:
+                still.append(f"{name} ({tower} tower: {m['fraction_changed']:.0%} of parameters changed, "
+                             f"relative update {m['relative_update']:.1e})")
+    if not still:
+        return None
+    return ("Most weights did not move in " + "; ".join(still) + ". At a learning rate this small in fp32, most "
+            "AdamW updates round away (an update of about lr is below half a unit in the last place of weights of "
+            "magnitude >= 0.5, e.g. LayerNorm gains at lr 1e-8), so such a run is close to its initial model: "
+            "compare it with zero-shot before reading its numbers as an effect of the objective.")
+
+
+def model_info(params: Params, bundle: Any) -> dict[str, Any]:
+    """The trained model's description, with the activation's reason taken from params.model as written.
+
+    The trainer rebuilds the model from `architecture_params` (activation pinned, tag dropped), so the bundle
+    alone would give "model.force_activation" as the reason even when the pretrained tag decided it.
+    """
+    from cglib.models import resolve_activation
+
+    m = params.model
+    return {**bundle.info(), "activation_source": resolve_activation(m.name, m.pretrained, m.force_activation).source}
+
+
+def finish(trainer: Trainer) -> dict[str, Any]:
+    """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
+    s, entry, t, files = trainer.state, trainer.entry, trainer.t, trainer.files
+    trained = {"image": True, "text": not files.text_frozen}
+    summary = {
+        "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
+        "exposed_to_eval_strings": exposed_to_eval_strings(entry.pretrain),
+        "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
+        "epoch_kind": t.epoch, "epochs": t.epochs,
+        "steps_per_epoch": (trainer.sampler_info or {}).get("optimizer_steps_per_epoch"),
+        "pretrain_steps_per_epoch": (trainer.pretrain_info or {}).get("batches_per_epoch"),
+        "steps": s.step, "pretrain_steps": s.pretrain_steps, "skipped_steps": s.skipped_steps,
+        "images_seen": s.images, "wall_time_s": round(trainer.clock(), 2),
+        "images_per_s": s.images / s.compute_s if s.compute_s else None,
+        "images_per_s_with_data": s.images / (s.compute_s + s.data_wait_s) if s.compute_s else None,
+        "data_wait_s": round(s.data_wait_s, 3),
+        "epoch_loss": s.epoch_losses, "final_loss": s.epoch_losses[-1] if s.epoch_losses else None,
+        "pretrain_epoch_loss": s.pretrain_losses,
+        "fallback_batches": s.fallback_batches, "repeated_images": s.repeated_images,
+        "sampler": trainer.sampler_info, "pretraining": trainer.pretrain_info,
+        "text_frozen": trainer.params.model.freeze_text, "precomputed_texts": trainer.n_precomputed,
+        "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained),
+        "tau_note": "fixed train.tau / tau_inner; model.logit_scale frozen and unused",
+        "image_cache": {"size": trainer.inputs.cache.size, "images": len(trainer.inputs.cache),
+                        "skipped": dict(trainer.inputs.cache.skipped)},
+        "model": model_info(trainer.params, trainer.bundle),
+        "device": str(trainer.device), "world_size": trainer.info.world_size,
+        "amp": files.precision["amp"],
+        "resumed_from_step": trainer.resumed_from, "warmup_steps_used": trainer.warmup_used,
+    }
+    if trainer.info.is_main:
+        files.save_weights(trainer.bundle, trainer.out / FINAL)
+        summary["provenance"] = provenance(trainer.params, run=entry.name)
+        write_json(trainer.out / "summary.json", summary)
+        (files.ckpt_dir / LAST).unlink(missing_ok=True)
+        if files.ckpt_dir.is_dir() and not any(files.ckpt_dir.iterdir()):
+            files.ckpt_dir.rmdir()
+    distributed.barrier(trainer.info)
+    return summary
+
+
+def summary_table(summaries: dict[str, dict[str, Any]]):
+    """One row per run (a pandas DataFrame): objective, pretraining, exposure, steps, time, losses, weights moved."""
+    import pandas as pd
+
+    rows = []
+    for name, s in summaries.items():
+        losses_ = s.get("epoch_loss") or [float("nan")]
+        sampler = s.get("sampler") or {}
+        moved = s.get("weights_moved") or {}
+        row = {"run": name, "loss": s["loss"], "pretrain": s["pretrain"],
+               "exposed to eval strings": s["exposed_to_eval_strings"], "epoch": s.get("epoch_kind", "groups"),
+               "steps per epoch": s.get("steps_per_epoch", sampler.get("batches_per_epoch")), "steps": s["steps"],
+               "skipped steps": s.get("skipped_steps", 0), "pretrain steps": s["pretrain_steps"],
+               "wall time (s)": s["wall_time_s"], "images/s": round(s["images_per_s"] or float("nan"), 1),
+               "loss, first epoch": round(losses_[0], 4), "loss, last epoch": round(losses_[-1], 4),
+               "batches with fallback negatives": s["fallback_batches"]}
+        for tower in ("image", "text"):
+            m = moved.get(tower)
+            row[f"{tower} params changed"] = round(m["fraction_changed"], 4) if m else float("nan")
+            row[f"{tower} relative update"] = float(f"{m['relative_update']:.3g}") if m else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("run")
