@@ -29,7 +29,7 @@ from cglib.magic import (
 )
 from cglib.magic.build import SKIP_EMPTY, SKIP_LENGTH, SKIP_NO_CHAIN, SKIP_UNKNOWN, align_chains
 from cglib.magic.dag import choose_primary
-from cglib.magic.generalize import group_requests
+from cglib.magic.generalized_captions import group_requests
 from cglib.magic.negatives import hard_negatives
 from cglib.magic.split import n_test_images, split_images
 
