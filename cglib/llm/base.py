@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -46,13 +46,16 @@ class ConceptTask:
 
 @dataclass(frozen=True)
 class GroupRequest:
-    """Ask for `n` generalized captions of one concept node (LLM_gen, PAPER_NOTES step 5)."""
+    """Ask for `n` generalized captions (LLM_gen, PAPER_NOTES step 5) of one l1 node (scope "group": the
+    pooled captions of its images) or of one image (scope "image": `group_id` is the image id, `captions` its
+    own captions, `concept` its l1 concept and `parents` the concept's ancestors l2..l_max)."""
 
     group_id: str
     concept: str
     parents: list[str]
     captions: list[str]
     n: int
+    scope: Literal["group", "image"] = "group"
 
     @property
     def item_id(self) -> str:

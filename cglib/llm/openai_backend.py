@@ -38,7 +38,9 @@ from cglib.llm.prompts import (
     CONCEPT_SCHEMA,
     GENERALIZE_SCHEMA,
     concept_messages,
+    generalize_image_messages,
     generalize_messages,
+    load_image_prompt,
     load_prompts,
 )
 from cglib.llm.replies import ReplyError, check_message, message_of
@@ -121,7 +123,11 @@ def chat_payload(params: Params, task: ConceptTask | GroupRequest) -> dict:
         schema, name, max_tokens = CONCEPT_SCHEMA, "concept", llm.max_output_tokens
     else:
         shown = sample_captions(task.captions, llm.generalize_max_captions, params.run.seed, task.group_id)
-        messages = generalize_messages(prompts, task.concept, task.parents, shown, task.n)
+        if task.scope == "image":  # its own versioned prompt: only this image's captions and its chain's names
+            image_prompt = load_image_prompt(llm.generalize_image_prompt_version)
+            messages = generalize_image_messages(image_prompt, task.concept, task.parents, shown, task.n)
+        else:
+            messages = generalize_messages(prompts, task.concept, task.parents, shown, task.n)
         schema, name, max_tokens = GENERALIZE_SCHEMA, "generalized_captions", llm.max_output_tokens * task.n
     body: dict[str, Any] = {"model": llm.model, "messages": messages, "temperature": llm.temperature,
                             "max_tokens": max_tokens, "seed": params.run.seed}

@@ -1,5 +1,7 @@
 """Algorithm 1 end to end: chains -> concept DAG -> merge/remove -> split -> hard negatives -> LLM_gen -> stats.
 
+LLM_gen is per image by default (magic.generalize: image) or per l1 node (group); see generalized_captions.py.
+
 `build_magic(dataset, chains, params)` returns a validated `MagicFile`; `save_outputs` writes magic.json,
 magic.graphml and stats.json into the `magic` stage folder. The order matters: the split comes before LLM_gen
 so that generalized captions can be written from training images only (see generalized_captions.py).

@@ -1,17 +1,27 @@
-"""Generalized captions (LLM_gen, Algorithm 1): for each l1 node, captions that keep what the group shares.
+"""The DAG step LLM_gen (Algorithm 1, PAPER_NOTES step 5): build the generalized-caption requests from a built
+MAGIC file and store the answers in it. The requests themselves go through the abstraction engine
+(`cglib.llm.generalize_groups` in `cglib.llm.generalize_requests`: its backends, cache, retries and failure
+accounting).
 
-The requests go through the abstraction engine (`cglib.llm.generalize_groups`: its backends, cache, retries
-and failure accounting). Each request carries the node's concept, its primary ancestors' names (l2..l_max) and
-the original captions of its *training* images (`magic.generalize_from: train`, so a test image's captions never
-shape the text its group is trained and queried with; a held-out concept, which has no training images, uses
-all of its images). The engine itself shows the LLM at most `llm.generalize_max_captions` of them (its seeded
-sample), so every caption is passed on.
+`magic.generalize` chooses the granularity:
 
-A node whose generalization failed is kept, not dropped: dropping it would remove its images from training and
-from every other evaluation column because of an LLM failure that says nothing about the images. Its
-`generalized_captions` hold the first n of the captions it was sent, `generalized_fallback` is True, and the
-failures are counted per reason in the stats, so evaluation can leave flagged nodes out of the
-generalized-caption column.
+- `image` (default; the paper's step list, "a generalized caption for each image based on the concept of its
+  node", and the authors' code, which stores each image's own `new_captions`): one request per image of EVERY
+  split (test images need theirs: Table 3's first column scores them), carrying only that image's own captions,
+  its l1 concept and the concept's primary ancestors (l2..l_max); `llm.generalized_captions_per_image` captions
+  each, stored in `ImageRecord.generalized_captions`. A test image's request shows nothing of another image.
+- `group` (Algorithm 1 as printed; the project's first version): one request per l1 node with the original
+  captions of its *training* images (`magic.generalize_from: train`, so a test image's captions never shape the
+  text its group is trained and queried with; a held-out concept, which has no training images, uses all of its
+  images); `llm.generalized_captions_per_node` captions in `Node.generalized_captions`.
+
+Readers never choose: `MagicFile.generalized_texts(image_id)` returns the texts that pair with an image.
+
+A unit (image or node) whose generalization failed is kept, not dropped: dropping it would remove images from
+training and from every other evaluation column because of an LLM failure that says nothing about the images.
+Its `generalized_captions` hold the first n of its own original captions, `generalized_fallback` is True, and the
+failures are counted per reason in the stats, so evaluation leaves flagged units out of the generalized-caption
+column (and counts them).
 """
 
 from __future__ import annotations
@@ -22,34 +32,37 @@ from pathlib import Path
 from typing import Any
 
 from cglib.config import Params
+from cglib.llm.base import GroupRequest
 from cglib.magic.schema import MagicFile
 
 Generalizer = Callable[..., Any]  # (requests, params, run_dir, progress=...) -> object with .captions, .failures
 
 
-def _group_request_type() -> type:
-    try:
-        from cglib.llm import GroupRequest
-    except ImportError:  # the engine's package exports it from base while it is being assembled
-        from cglib.llm.base import GroupRequest
-    return GroupRequest
-
-
-def group_requests(magic: MagicFile, n: int, source: str) -> list:
-    """One GroupRequest per l1 node with images (sorted by node id)."""
-    request = _group_request_type()
+def group_requests(magic: MagicFile, n: int, source: str) -> list[GroupRequest]:
+    """One request per l1 node with images (sorted by node id): its pooled captions, concept and ancestors."""
     out = []
     for node in magic.groups():
         image_ids = magic.images_of(node, "train") if source == "train" else []
         image_ids = image_ids or magic.images_of(node)
         captions = [c for i in image_ids for c in magic.images[i].captions]
         parents = [magic.nodes[p].name for p in magic.chain(image_ids[0])[1:]]
-        out.append(request(group_id=node, concept=magic.nodes[node].name, parents=parents, captions=captions, n=n))
+        out.append(GroupRequest(group_id=node, concept=magic.nodes[node].name, parents=parents, captions=captions,
+                                n=n))
+    return out
+
+
+def image_requests(magic: MagicFile, n: int) -> list[GroupRequest]:
+    """One request per image of every split (sorted by image id): its own captions, l1 concept and ancestors."""
+    out = []
+    for image_id in sorted(magic.images):
+        names = magic.chain_names(image_id)
+        out.append(GroupRequest(group_id=image_id, concept=names[0], parents=names[1:],
+                                captions=list(magic.images[image_id].captions), n=n, scope="image"))
     return out
 
 
 def _failure_reasons(failures: Any) -> dict[str, str]:
-    """group id -> reason from the engine's failure list (objects with item_id/reason, or a mapping)."""
+    """item id -> reason from the engine's failure list (objects with item_id/reason, or a mapping)."""
     if not failures:
         return {}
     if isinstance(failures, dict):
@@ -65,27 +78,32 @@ def _failure_reasons(failures: Any) -> dict[str, str]:
 
 def add_generalized_captions(magic: MagicFile, generalizer: Generalizer, params: Params, run_dir: Path | None,
                              progress: bool = True) -> dict:
-    """Fill `generalized_captions` of every l1 node in place; returns the counts for `stats['generalization']`."""
+    """Fill the generalized captions of every image (magic.generalize: image) or l1 node (group) in place and set
+    `magic.generalize`; returns the counts for `stats['generalization']`."""
     m = params.magic
-    n = params.llm.generalized_captions_per_node
-    requests = group_requests(magic, n, m.generalize_from)
+    per_image = m.generalize == "image"
+    n = params.llm.generalized_captions_per_image if per_image else params.llm.generalized_captions_per_node
+    requests = image_requests(magic, n) if per_image else group_requests(magic, n, m.generalize_from)
+    magic.generalize = m.generalize
     result = generalizer(requests, params, run_dir, progress=progress)
     captions: dict[str, list[str]] = dict(getattr(result, "captions", {}) or {})
     reasons = _failure_reasons(getattr(result, "failures", None))
-    failed = Counter()
+    failed: Counter = Counter()
     for req in requests:
-        node = magic.nodes[req.group_id]
+        unit = magic.images[req.group_id] if per_image else magic.nodes[req.group_id]
         got = [c for c in captions.get(req.group_id, []) if isinstance(c, str) and c.strip()]
         if got:
-            node.generalized_captions = got
-            node.generalized_fallback = False
-        else:
-            node.generalized_captions = list(dict.fromkeys(req.captions))[:n]
-            node.generalized_fallback = True
+            unit.generalized_captions = got
+            unit.generalized_fallback = False
+        else:  # kept with copies of its own original captions, flagged and counted (see the module docstring)
+            unit.generalized_captions = list(dict.fromkeys(req.captions))[:n]
+            unit.generalized_fallback = True
             failed[reasons.get(req.group_id, "no captions returned")] += 1
     summary = getattr(result, "summary", None)
-    return {"requested": len(requests), "generalized": len(requests) - sum(failed.values()),
-            "fallback_to_original": sum(failed.values()), "failure_reasons": dict(sorted(failed.items())),
-            "captions_per_node": n, "source": m.generalize_from,
+    return {"mode": m.generalize, "unit": "image" if per_image else "l1 node", "requested": len(requests),
+            "generalized": len(requests) - sum(failed.values()), "fallback_to_original": sum(failed.values()),
+            "failure_reasons": dict(sorted(failed.items())),
+            "captions_per_image" if per_image else "captions_per_node": n,
+            "source": "own captions" if per_image else m.generalize_from,
             "engine_summary": {k: v for k, v in summary.items() if k != "provenance"}
             if isinstance(summary, dict) else None}
