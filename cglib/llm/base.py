@@ -34,6 +34,10 @@ class QuotaExhaustedError(FatalBackendError):
     """HTTP 429 with `insufficient_quota`: the account has no credit left; retrying cannot help."""
 
 
+class BudgetExceededError(FatalBackendError):
+    """The next request would take the spend past llm.max_cost_usd: the run stopped with its answers cached."""
+
+
 @dataclass(frozen=True)
 class ConceptTask:
     """Ask for concept number `level` (1-based) of one image, given its captions and the chain so far."""
@@ -120,6 +124,7 @@ class Backend(ABC):
     cacheable: bool = True
     streaming: bool = True  # results arrive one by one (commit each at once); False: all at once (commit once)
     price_factor: float = 1.0  # Batch API: half price
+    budget: Any = None  # a cglib.llm.cost.Budget while the engine runs a paid step (None: no limit to hold)
 
     @abstractmethod
     def payload(self, task: Any) -> dict:

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from cglib.config import Params
-from cglib.llm.base import Backend, Failure, GroupRequest, Job, Outcome, Report, run_sync
+from cglib.llm.base import Backend, Failure, FatalBackendError, GroupRequest, Job, Outcome, Report, run_sync
 from cglib.llm.cache import ResultCache
 from cglib.llm.canonical import INVARIANT, canonicalize
+from cglib.llm.cost import CAPTION_REPLY_TOKENS, estimate_payloads, make_budget
 from cglib.llm.engine import Stats, cache_path, execute
 from cglib.run import provenance, write_json
 
@@ -262,6 +263,24 @@ def mentions_concept(caption: str, concept: str) -> bool:
     return bool(name) and f" {' '.join(name)} " in words
 
 
+def check_generalize_budget(params: Params, backend: Backend, cache: ResultCache, requests: list[GroupRequest]
+                            ) -> dict[str, Any]:
+    """Estimate the uncached requests from their exact bodies; refuse to start above llm.max_cost_usd."""
+    payloads = {}
+    for r in requests:
+        payload = backend.payload(r)
+        payloads.setdefault(backend.key(payload), (payload, r.n))
+    cached = cache.get_many(list(payloads))
+    todo = [v for k, v in payloads.items() if k not in cached or (not cached[k].ok and params.llm.retry_failed)]
+    estimate = estimate_payloads(params, [p for p, _ in todo], [n * CAPTION_REPLY_TOKENS for _, n in todo])
+    limit = params.llm.max_cost_usd
+    if limit is not None and estimate["cost_usd"] > limit:
+        raise ValueError(f"estimated cost ${estimate['cost_usd']:.2f} of {estimate['requests']} uncached "
+                         f"generalized-caption requests exceeds llm.max_cost_usd (${limit:.2f}); raise the limit, "
+                         "use llm.batch_api, or set magic.generalize: group (one request per l1 node)")
+    return estimate
+
+
 def generalize_groups(requests: list[GroupRequest], params: Params, run_dir: Path,
                       progress: bool = True) -> GeneralizeResult:
     """Generalized captions for every request (all of one scope: groups or images) with llm.backend; writes
@@ -278,9 +297,26 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
     start = time.perf_counter()
     stats = Stats()
     kind = "generalize" if scope == "group" else "generalize_image"
+    out_dir = run_dir / "abstraction"
+    estimate = None
     with ResultCache(cache_path(params, run_dir)) as cache:
-        outcomes = await execute(backend, cache, requests, stats, kind, params.llm.retry_failed,
-                                 desc=f"generalized captions ({scope})", progress=progress)
+        budget = None
+        if params.llm.backend == "openai":
+            estimate = check_generalize_budget(params, backend, cache, requests)
+            budget = make_budget(params, backend.price_factor, estimate["max_request_usd"])
+            if progress and estimate["requests"]:
+                print(f"estimate for {estimate['requests']:,} uncached generalized-caption requests: "
+                      f"{estimate['input_tokens']:,} input tokens, about ${estimate['cost_usd']:.2f}")
+        try:
+            outcomes = await execute(backend, cache, requests, stats, kind, params.llm.retry_failed,
+                                     desc=f"generalized captions ({scope})", progress=progress, budget=budget)
+        except FatalBackendError as exc:  # quota, auth, llm.max_cost_usd: answers so far are cached
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(out_dir / GENERALIZE_SUMMARY_FILE, {
+                "status": "stopped", "error": str(exc), "scope": scope, "backend": backend.name,
+                "estimate_before_run": estimate, **stats.as_dict(params, backend.price_factor),
+                "provenance": provenance(params, stage="generalize")})
+            raise
     captions = {r.group_id: list(o.value) for r, o in zip(requests, outcomes) if o.ok}
     failures = [Failure(r.group_id, None, o.reason, o.detail, o.raw) for r, o in zip(requests, outcomes) if not o.ok]
     mentions = sum(mentions_concept(c, r.concept) for r in requests for c in captions.get(r.group_id, []))
@@ -288,8 +324,8 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
         "status": "complete", "scope": scope, "backend": backend.name, "model": backend.model,
         "prompt_version": backend.prompt_version, "groups": len(requests), "ok": len(captions),
         "failed": len(failures), "captions": sum(len(c) for c in captions.values()),
-        "captions_mentioning_concept": mentions, "wall_s": round(time.perf_counter() - start, 3),
-        **stats.as_dict(params, backend.price_factor),
+        "captions_mentioning_concept": mentions, "estimate_before_run": estimate,
+        "wall_s": round(time.perf_counter() - start, 3), **stats.as_dict(params, backend.price_factor),
     }
     if isinstance(backend, OfflineGeneralizer):
         summary["items_without_shared_phrase"] = sum(1 for o in outcomes if o.ok and o.meta.get("weak"))
@@ -297,7 +333,6 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
     if params.llm.backend == "oracle":
         summary["note"] = ORACLE_FALLBACK_NOTE
     summary["provenance"] = provenance(params, stage="generalize")
-    out_dir = run_dir / "abstraction"
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / (GENERALIZED_FILE + ".tmp")
     with tmp.open("w", encoding="utf-8") as fh:

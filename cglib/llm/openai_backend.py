@@ -181,10 +181,15 @@ class OpenAIBackend(Backend):
         unreachable = 0  # consecutive jobs that ended without any answer (connection errors, timeouts)
         limit = max(8, self.llm.concurrency)
 
+        budget = self.budget
+
         async def worker() -> None:
             nonlocal unreachable
             for job in pending:  # one shared iterator: each job is taken by exactly one worker
                 if stop.is_set():
+                    return
+                if budget is not None and not budget.reserve():  # llm.max_cost_usd: the engine says why
+                    stop.set()
                     return
                 try:
                     outcome = await self.complete(client, job)
@@ -192,6 +197,9 @@ class OpenAIBackend(Backend):
                     fatal.append(exc)
                     stop.set()
                     return
+                finally:
+                    if budget is not None:
+                        budget.release()
                 report(job, outcome)
                 unreachable = unreachable + 1 if outcome.reason in ("connection_error", "timeout") else 0
                 if unreachable >= limit and not stop.is_set():  # a dead server: stop instead of failing every item
@@ -246,6 +254,8 @@ class OpenAIBackend(Backend):
                 msg = message_of(completion)
                 out.input_tokens += msg.input_tokens
                 out.output_tokens += msg.output_tokens
+                if self.budget is not None:
+                    self.budget.add(msg.input_tokens, msg.output_tokens)
                 try:
                     value = check_message(msg, job.task, self.llm.max_reply_chars)
                 except ReplyError as err:
@@ -254,6 +264,10 @@ class OpenAIBackend(Backend):
                     if bad_replies > self.llm.max_bad_reply_retries:
                         out.retries[err.reason] -= 1  # the last try is the failure, not a retry
                         return _finish(out, Outcome.failure(err.reason, err.detail, err.raw))
+                    if self.budget is not None and not self.budget.fits(0):  # a retry costs too: not past the limit
+                        self.budget.stopped = True
+                        return _finish(out, Outcome.failure("budget_exceeded", f"{err.reason}; not retried: "
+                                                            "llm.max_cost_usd reached", err.raw, cacheable=False))
                     continue
                 return _finish(out, Outcome(ok=True, value=value, raw=msg.content,
                                             meta={"finish_reason": msg.finish_reason}))
