@@ -127,3 +127,22 @@ def test_budget_counts_requests_in_flight():
     budget.release()
     assert budget.request_usd == pytest.approx(0.4) and not budget.fits()
     assert Budget(limit_usd=None, price=lambda a, b: 1e9, request_usd=1e9).reserve()
+
+
+def test_limit_stops_batch_api_submissions(tmp_path):
+    """Batch API, one request file in flight at a time: once a collected batch shows the real price, no further
+    file is submitted when it would pass the limit; collected answers are cached; the rerun submits the rest."""
+    ds = dataset(8)
+    with FakeOpenAIServer(usage_factor=20) as server:
+        p = params(server, l_max=2, batch_api=True, batch_poll_s=0.02, batch_max_requests=2,
+                   batch_max_enqueued_tokens=1000)
+        estimate = estimate_chain_requests(p, [(ds.captions[i], 1) for i in ds.image_ids])
+        limit = 2 * estimate["cost_usd"]
+        with pytest.raises(BudgetExceededError):
+            run_abstraction(ds, params(server, l_max=2, batch_api=True, batch_poll_s=0.02, batch_max_requests=2,
+                                       batch_max_enqueued_tokens=1000, max_cost_usd=limit), tmp_path, progress=False)
+        submitted = sum(len(v) for v in server.batch_ids.values())
+        assert 0 < submitted < 16 and cached_rows(tmp_path) == submitted
+        assert summary(tmp_path)["status"] == "stopped"
+        result = run_abstraction(ds, p, tmp_path, progress=False)
+        assert len(result.chains) == 8 and sum(len(v) for v in server.batch_ids.values()) == 16
