@@ -83,3 +83,14 @@ def test_leakage_note_gives_per_level_shares_or_nothing():
     note = leakage_note(magic)
     assert note.startswith("its generalized training captions contain their concept names")
     assert f"l2 {100 / len(train):.1f}%" in note and "l1 0.0%" in note and f"of {len(train)})" in note
+
+
+def test_umap_generalized_texts_are_each_images_own_in_image_mode():
+    """The centroid maps read generalized texts through generalized_texts: one per image in image mode."""
+    from cglib.viz.umap_centroids import group_texts
+
+    magic = per_image_magic()
+    ids = magic.split_ids("test")
+    texts, groups = group_texts(magic, ids, "generalized")
+    assert texts == [f"own generalized caption of {i}" for i in ids]
+    assert groups == [magic.images[i].node for i in ids]
