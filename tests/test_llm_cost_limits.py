@@ -19,6 +19,7 @@ from cglib.data.dataset import CaptionDataset
 from cglib.llm import GroupRequest, generalize_groups, run_abstraction
 from cglib.llm.base import BudgetExceededError
 from cglib.llm.cost import Budget, estimate_chain_requests
+from cglib.llm.report import summary_table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer
@@ -70,6 +71,7 @@ def test_resumed_run_estimate_counts_every_level_not_yet_cached(tmp_path):
         estimate = result.summary["estimate_before_run"]
         assert estimate["chains"]["requests_per_level"] == [0, 8, 8, 8]
         assert estimate["generalize"]["requests"] == 8
+        assert "32 requests, 8 of them LLM_gen" in summary_table(result).loc["estimate before run (USD)", "value"]
         share = sum(fresh["input_tokens_per_level"][1:]) / sum(fresh["input_tokens_per_level"])
         assert estimate["chains"]["cost_usd"] == pytest.approx(share * fresh["cost_usd"], rel=0.05)
         assert server.total == 16 + 24  # and the resume asked only levels 2-4
