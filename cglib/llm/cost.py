@@ -88,7 +88,7 @@ def estimate_payloads(params: Params, payloads: list[dict], reply_tokens: list[i
     tokens = [estimate_tokens(p) for p in payloads]
     per_request = [cost_usd(t, r, params.llm, factor) for t, r in zip(tokens, reply_tokens)]
     return {"requests": len(payloads), "input_tokens": sum(tokens), "output_tokens": sum(reply_tokens),
-            "cost_usd": round(sum(per_request), 4), "max_request_usd": max(per_request, default=0.0),
+            "cost_usd": round(sum(per_request), 6), "max_request_usd": max(per_request, default=0.0),
             "batch_api": params.llm.batch_api}
 
 
@@ -108,9 +108,10 @@ def estimate_image_generalize_requests(params: Params, items: list[tuple[list[st
                                                 list(caps), n, scope="image")) for caps, names in shown]
     est = estimate_payloads(params, bodies, [n * CAPTION_REPLY_TOKENS] * len(bodies))
     scale = n_items / len(bodies)
-    return {"requests": n_items, "input_tokens": int(est["input_tokens"] * scale),
-            "output_tokens": int(est["output_tokens"] * scale), "cost_usd": round(est["cost_usd"] * scale, 4),
-            "max_request_usd": est["max_request_usd"]}
+    tin, tout = est["input_tokens"] * scale, est["output_tokens"] * scale
+    factor = params.llm.batch_price_factor if params.llm.batch_api else 1.0
+    return {"requests": n_items, "input_tokens": int(tin), "output_tokens": int(tout),
+            "cost_usd": round(cost_usd(tin, tout, params.llm, factor), 4), "max_request_usd": est["max_request_usd"]}
 
 
 def estimate_generalize_requests(params: Params, groups: int, captions_per_group: int,
@@ -141,8 +142,9 @@ def estimate_full_coco(params: Params, images: int = COCO_TRAIN_IMAGES, captions
         tin = images * sum(per_image["input_tokens_per_level"])
         tout = images * params.magic.l_max * CONCEPT_REPLY_TOKENS
         if params.magic.generalize == "image":
-            one = estimate_image_generalize_requests(p, [(caps[0], [])])
-            gen = {key: one[key] * images for key in ("requests", "input_tokens", "output_tokens", "cost_usd")}
+            one = estimate_image_generalize_requests(p, [(caps[0], [])])  # scale one (rounded costs would not)
+            gen = {key: one[key] * images for key in ("requests", "input_tokens", "output_tokens")}
+            gen["cost_usd"] = cost_usd(gen["input_tokens"], gen["output_tokens"], params.llm, factor)
         else:
             gen = estimate_generalize_requests(p, l1_nodes, params.llm.generalize_max_captions, caption_chars)
         mode = "Batch API" if batch else "live"
