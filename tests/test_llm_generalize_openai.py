@@ -54,6 +54,7 @@ def test_image_request_holds_only_its_captions_and_chain_with_structured_output(
     assert "Write 1 generalized captions for this photograph" in text
     assert body["temperature"] == 0 and body["response_format"]["json_schema"]["strict"] is True
     assert result.summary["scope"] == "image" and result.summary["prompt_version"] == "gi-v1"
+    assert result.summary["captions_mentioning_level"] == {"l1": 0, "l2": 0, "l3": 0, "l4": 0}
     row = json.loads((tmp_path / "abstraction" / "generalized.jsonl").read_text().splitlines()[0])
     assert (row["scope"], row["prompt_version"], len(row["captions"])) == ("image", "gi-v1", 1)
 

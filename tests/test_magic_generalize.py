@@ -181,3 +181,11 @@ def test_offline_per_image_caption_keeps_what_its_own_captions_share(tmp_path):
 
 def image_requests_for(captions: dict[str, list[str]]) -> list[GroupRequest]:
     return [GroupRequest(i, "concept", ["parent"], caps, 1, scope="image") for i, caps in captions.items()]
+
+
+def test_engine_summary_counts_names_of_every_level_shown(tmp_path):
+    """The LLM_gen summary counts captions containing each level's name the request showed (not only l1)."""
+    reqs = [GroupRequest("a", "kite flying", ["beach", "leisure"],
+                         ["a kite on a beach", "a red kite over the beach"], 1, scope="image")]
+    result = generalize_groups(reqs, Params(), tmp_path, progress=False)
+    assert result.summary["captions_mentioning_level"] == {"l1": 0, "l2": 1, "l3": 0}

@@ -320,11 +320,18 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
     captions = {r.group_id: list(o.value) for r, o in zip(requests, outcomes) if o.ok}
     failures = [Failure(r.group_id, None, o.reason, o.detail, o.raw) for r, o in zip(requests, outcomes) if not o.ok]
     mentions = sum(mentions_concept(c, r.concept) for r in requests for c in captions.get(r.group_id, []))
+    by_level: Counter = Counter()  # every name the request showed (l1 and its ancestors), not l1 alone
+    for r in requests:
+        for c in captions.get(r.group_id, []):
+            by_level.update(k for k, name in enumerate([r.concept, *r.parents], start=1) if mentions_concept(c, name))
     summary: dict[str, Any] = {
         "status": "complete", "scope": scope, "backend": backend.name, "model": backend.model,
         "prompt_version": backend.prompt_version, "groups": len(requests), "ok": len(captions),
         "failed": len(failures), "captions": sum(len(c) for c in captions.values()),
-        "captions_mentioning_concept": mentions, "estimate_before_run": estimate,
+        "captions_mentioning_concept": mentions,
+        "captions_mentioning_level": {f"l{k}": by_level[k] for k in range(1, 1 + max((1 + len(r.parents)
+                                                                                       for r in requests), default=0))},
+        "estimate_before_run": estimate,
         "wall_s": round(time.perf_counter() - start, 3), **stats.as_dict(params, backend.price_factor),
     }
     if isinstance(backend, OfflineGeneralizer):
