@@ -101,6 +101,10 @@ class LLMParams(Section):
     price_input_per_1m: float = Field(0.15, ge=0, description="USD per 1M input tokens, for the cost estimate.")
     price_output_per_1m: float = Field(0.60, ge=0, description="USD per 1M output tokens, for the cost estimate.")
     generalized_captions_per_node: int = Field(5, ge=1, le=100, description="Generalized captions written per l1 node.")
+    generalized_captions_per_image: int = Field(1, ge=1, le=20, description="Generalized captions written per image "
+                                                "(magic.generalize: image; the paper pairs each image with one).")
+    generalize_image_prompt_version: str = Field("gi-v1", description="Version of the per-image LLM_gen prompt "
+                                                 "(cglib/llm/prompts/generalize_image/); part of the cache key.")
     cache_path: Path | None = Field(None, description="SQLite cache file; null = `<run>/abstraction/cache.sqlite`; "
                                     "relative paths resolve against the run directory.")
     retry_failed: bool = Field(False, description="Ask again for items whose reply failed validation in an earlier run "
@@ -246,6 +250,9 @@ class EvalParams(Section):
         "the evaluated level.")
     fallback_negatives: bool = Field(True, description="Forced choice may draw negatives from the DAG's flagged "
                                      "fallback negative groups (magic.min_hard_negatives), as training does.")
+    include_generalized_fallback: bool = Field(
+        False, description="Score images whose generalized captions are fallback copies of original captions "
+        "(LLM_gen failed) in the generalized-caption column; default false: left out and counted.")
     coco_retrieval: bool = Field(True, description="Caption retrieval on the test split's original captions.")
     batch_size: int = Field(256, ge=1, description="Encoding batch size.")
 

@@ -14,7 +14,8 @@ empty, long (5,000 characters), length (cut reply, finish_reason "length"), refu
 JSON body is cut in the middle), html (HTTP 200 with an HTML page, Content-Type text/html). "[[copy]]" answers
 with the first few-shot answer of the conversation (a verbatim copy). In batches, "[[batch:expire]]" leaves
 the input out of its first batch (batch status "expired") and "[[batch:error]]" puts a 500 for it in the
-error file the first time. `latency_s` is added to every chat request.
+error file the first time. `latency_s` is added to every chat request; `usage_factor` scales
+the token usage reported (a server whose tokens cost more than the chars/4 estimate).
 
 Counters: `counts` (requests per input), `attempt_times`, `max_in_flight`, `auth_headers`, `batch_ids`,
 `last_body`. `echo_auth_status` (e.g. 401) answers every chat request with that status and an error message
@@ -61,8 +62,10 @@ class FakeOpenAIServer:
     """Threaded fake server; use as a context manager; `url` is the base URL for the openai client."""
 
     def __init__(self, latency_s: float = 0.0, retry_after: str = "0.05", retry_after_ms: str = "300",
-                 timeout_sleep_s: float = 3.0, batch_delay_s: float = 0.0, port: int = 0) -> None:
+                 timeout_sleep_s: float = 3.0, batch_delay_s: float = 0.0, port: int = 0,
+                 usage_factor: float = 1.0) -> None:
         self.latency_s, self.retry_after, self.retry_after_ms = latency_s, retry_after, retry_after_ms
+        self.usage_factor = usage_factor  # reported tokens = this x (characters / 4): a pricier tokenizer
         self.timeout_sleep_s, self.batch_delay_s = timeout_sleep_s, batch_delay_s
         self.echo_auth_status: int | None = None
         self.lock = threading.Lock()
@@ -143,7 +146,8 @@ class FakeOpenAIServer:
         elif fault == "refusal":
             content, refusal = None, "I can't help with that."
         prompt_chars = sum(len(m["content"] or "") for m in messages)
-        usage = {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(content or "") // 4 + 1}
+        usage = {"prompt_tokens": int(self.usage_factor * prompt_chars // 4),
+                 "completion_tokens": int(self.usage_factor * (len(content or "") // 4 + 1))}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return 200, {}, {"id": f"chatcmpl-{key}-{attempt}", "object": "chat.completion", "created": int(time.time()),
                          "model": body.get("model", "fake"), "usage": usage,

@@ -25,7 +25,7 @@ from cglib.llm import (
     offline_generalize,
     run_abstraction,
 )
-from cglib.llm.generalize import caption_phrases, mentions_concept, shared_phrases
+from cglib.llm.generalize_requests import caption_phrases, mentions_concept, shared_phrases
 
 
 def dataset(captions: dict[str, list[str]]) -> CaptionDataset:

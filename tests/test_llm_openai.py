@@ -82,7 +82,9 @@ def test_chains_end_to_end(server: FakeOpenAIServer, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "abstraction" / "summary.json").read_text())
     assert summary["requests"] == 24 and summary["cache"]["misses"] == 24 and summary["status"] == "complete"
     assert summary["tokens"]["input"] > 0 and summary["cost_usd"] > 0
-    assert summary["estimate_before_run"]["requests"] == 24
+    estimate = summary["estimate_before_run"]  # every request to come: 6 images x 4 levels, then 6 per-image LLM_gen
+    assert estimate["chains"]["requests"] == 24 and estimate["generalize"]["requests"] == 6
+    assert estimate["requests"] == 30
     assert "provenance" in summary and summary["provenance"]["params"]["llm"]["api_key_env"] == KEY_ENV
 
 

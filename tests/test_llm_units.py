@@ -149,6 +149,10 @@ def test_cost_estimates() -> None:
     live, batch = rows["chains l1..l4 (live)"], rows["chains l1..l4 (Batch API)"]
     assert live["requests"] == 118_287 * 4 and batch["cost_usd"] == pytest.approx(live["cost_usd"] / 2, rel=0.01)
     assert 5 < live["cost_usd"] < 500  # hundreds of millions of tokens at gpt-4o-mini prices
+    gen_live, gen_batch = rows["generalized captions per image (live)"], rows["generalized captions per image (Batch API)"]
+    assert gen_live["requests"] == 118_287 and gen_batch["cost_usd"] == pytest.approx(gen_live["cost_usd"] / 2, rel=0.02)
+    expected = (gen_live["input_tokens"] * 0.15 + gen_live["output_tokens"] * 0.60) / 1e6  # the default prices
+    assert gen_live["cost_usd"] == pytest.approx(expected, rel=0.01)
     assert estimate_tokens({"messages": [{"content": "x" * 400}]}) == 104
 
 

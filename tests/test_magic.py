@@ -29,7 +29,7 @@ from cglib.magic import (
 )
 from cglib.magic.build import SKIP_EMPTY, SKIP_LENGTH, SKIP_NO_CHAIN, SKIP_UNKNOWN, align_chains
 from cglib.magic.dag import choose_primary
-from cglib.magic.generalize import group_requests
+from cglib.magic.generalized_captions import group_requests
 from cglib.magic.negatives import hard_negatives
 from cglib.magic.split import n_test_images, split_images
 
@@ -350,11 +350,11 @@ def test_built_concept_split_never_trains_on_test_concepts():
 
 # ------------------------------------------------------------------------------------------------ generalized captions
 def test_generalized_captions_from_training_images_with_parents_and_fallback_on_failure():
-    """Each l1 node asks LLM_gen once with its concept, its ancestors' names and its training captions only;
-    a failed node keeps original captions, is flagged, and the failure is counted by reason."""
+    """magic.generalize: group: each l1 node asks LLM_gen once with its concept, its ancestors' names and its
+    training captions only; a failed node keeps original captions, is flagged, and the failure is counted."""
     chains = make_chains([(6, ["tennis", "sport"]), (6, ["wedding", "party"])])
     table = {"tennis": unit(1, 0, 0), "wedding": unit(0, 0, 1)}
-    magic, gen = build(chains, table, fail={"l1:wedding"})
+    magic, gen = build(chains, table, p=params(generalize="group"), fail={"l1:wedding"})
     by_id = {r.group_id: r for r in gen.seen}
     req = by_id["l1:tennis"]
     assert (req.concept, req.parents, req.n) == ("tennis", ["sport"], 5)
@@ -389,7 +389,7 @@ def _built():
                           (1, ["wedding", "sport"]), (3, ["volcano", "nature"])])
     table = {"tennis": unit(1, 0, 0), "squash": at_cos(0.93), "wedding": unit(0, 0, 1), "volcano": unit(0, 1, 0),
              "sport": unit(1, 0, 0), "party": unit(0, 0, 1), "nature": unit(0, 1, 0)}
-    return build(chains, table, p=params(min_hard_negatives=1), fail={"l1:wedding"})[0]
+    return build(chains, table, p=params(min_hard_negatives=1, generalize="group"), fail={"l1:wedding"})[0]
 
 
 def test_round_trip_through_magic_json(tmp_path):
@@ -463,11 +463,14 @@ def test_graphml_export_is_readable_and_carries_the_hierarchy(tmp_path):
 
 
 def test_stats_and_table1():
-    """The stats count nodes per level, pairs, merges, removals, fallbacks; Table 1 puts the paper beside us."""
+    """The stats count nodes per level, pairs, merges, removals, fallbacks; Table 1 puts the paper beside us.
+    Group mode: every image pairs with each of its node's 5 written captions (tennis: 10 images); the failed
+    wedding node's 8 images x 5 fallback copies are counted apart, not as pairs."""
     magic = _built()
     s = magic.stats
     assert s["nodes_per_level"] == {"l1": 2, "l2": 2}
-    assert s["images"] == 18 and s["pairs"] == 36
+    assert s["images"] == 18 and s["original_caption_pairs"] == 36
+    assert s["pairs"] == 10 * 5 and s["pairs_fallback"] == 8 * 5
     assert s["merges"]["l1"] == 1 and s["removals"]["l1"] == 1 and s["removed_images"] == 3
     assert s["generalization"]["fallback_to_original"] == 1 and s["generalized_fallback_nodes"] == 1
     assert s["own_chain_differs_from_primary"]["l2"] == 1  # the wedding image whose own l2 was 'sport'

@@ -39,9 +39,11 @@ def hashed_embedder(texts: list[str]) -> np.ndarray:
 
 
 def test_build_with_the_engine_generalizer_fills_every_group(world, tmp_path):
-    """With the engine's offline generalize_groups every l1 group gets n generalized captions, the engine writes
-    generalized.jsonl under the run directory, and the file satisfies all invariants and loads back."""
-    params = Params.model_validate({"magic": {"min_hard_negatives": 2}, "llm": {"backend": "offline"}})
+    """magic.generalize: group: with the engine's offline generalize_groups every l1 group gets n generalized
+    captions, the engine writes generalized.jsonl under the run directory, and the file satisfies all invariants
+    and loads back."""
+    params = Params.model_validate({"magic": {"min_hard_negatives": 2, "generalize": "group"},
+                                    "llm": {"backend": "offline"}})
     chains = noisy(world.ground_truth)
     magic = build_magic(world.dataset, chains, params, run_dir=tmp_path, embedder=hashed_embedder, progress=False)
     check_invariants(magic)

@@ -3,12 +3,16 @@
 For each test image and each text type it lists the strings the image is paired with:
 
     caption        the image's original captions (COCO, or the synthetic world's templated captions)
-    generalized    the generalized captions of the image's l1 group (LLM_gen, group-level)
+    generalized    the image's generalized captions, read through `MagicFile.generalized_texts`: its own
+                   (magic.generalize: image, the paper's) or its l1 group's (group)
     l1 .. l_max    the concept name at that level along the image's chain in the DAG (magic.json)
     gt:l1 ..       (synthetic world only) the name at that level of the image's ground-truth chain
 
 An image with no text of a type (a group without generalized captions, an image without a ground-truth
-chain) takes no part in that type and is counted, never silently dropped.
+chain) takes no part in that type and is counted, never silently dropped. An image whose generalization failed
+(its own, or its group's) carries fallback copies of its original captions (`generalized_fallback`): scoring
+them would measure the original-caption column twice, so by default it takes no part in the generalized column
+and is counted in `MagicItems.text_exclusions` (reported beside the column).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from cglib.magic.schema import MagicFile
 DAG = "dag"
 GROUND_TRUTH = "ground_truth"
 CAPTIONS = "captions"
+FALLBACK_REASON = "generalization failed (fallback copies of original captions)"
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class MagicItems:
     levels: list[int]
     ancestors: dict[int, list[str]] = field(default_factory=dict)  # level -> node id of each image at that level
     skipped: Counter = field(default_factory=Counter)
+    text_exclusions: dict[str, dict[str, int]] = field(default_factory=dict)  # field name -> reason -> images
 
     def nodes_at(self, level: int) -> list[str]:
         """Each image's DAG node at `level` (its l1 group at level 1)."""
@@ -75,8 +81,13 @@ class MagicItems:
 
 def build_items(magic: MagicFile, available: set[str] | None = None,
                 ground_truth: dict[str, list[str]] | None = None, split: str = "test",
-                include_fallback: bool = True) -> MagicItems:
-    """Items of one split of magic.json; images outside `available` (unreadable) are skipped and counted."""
+                include_fallback: bool = True, include_generalized_fallback: bool = False) -> MagicItems:
+    """Items of one split of magic.json; images outside `available` (unreadable) are skipped and counted.
+
+    `include_fallback`: hard-negative fallbacks as negatives; `include_generalized_fallback`: score images whose
+    generalized captions are fallback copies of original captions in the generalized column (default: left out,
+    counted in `text_exclusions`).
+    """
     skipped: Counter = Counter()
     image_ids = []
     for image_id in magic.split_ids(split):
@@ -92,10 +103,16 @@ def build_items(magic: MagicFile, available: set[str] | None = None,
     chains = {i: [magic.nodes[n].name for n in chain_ids[i]] for i in image_ids}
     levels = list(range(1, magic.l_max + 1))
     ancestors = {k: [chain_ids[i][k - 1] for i in image_ids] for k in levels}
+    fallback = [magic.images[i].generalized_fallback if magic.generalize == "image"
+                else magic.nodes[magic.images[i].node].generalized_fallback for i in image_ids]
+    generalized = tuple(() if flagged and not include_generalized_fallback else tuple(magic.generalized_texts(i))
+                        for i, flagged in zip(image_ids, fallback))
+    text_exclusions = {}
+    if sum(fallback) and not include_generalized_fallback:
+        text_exclusions["generalized"] = {FALLBACK_REASON: sum(fallback)}
     fields = [
         TextField("caption", DAG, tuple(tuple(magic.images[i].captions) for i in image_ids), unit="image"),
-        TextField("generalized", DAG, tuple(tuple(magic.nodes[g].generalized_captions) for g in groups),
-                  unit="group"),
+        TextField("generalized", DAG, generalized, unit="image" if magic.generalize == "image" else "group"),
     ]
     fields += [TextField(f"l{k}", DAG, tuple((chains[i][k - 1],) for i in image_ids), unit="query", level=k)
                for k in levels]
@@ -110,4 +127,4 @@ def build_items(magic: MagicFile, available: set[str] | None = None,
     used = sorted({n for k in levels for n in ancestors[k]})
     negatives = {n: [m for m in magic.negatives(n, include_fallback=include_fallback) if m != n] for n in used}
     return MagicItems(image_ids=image_ids, groups=groups, negatives=negatives, fields=fields, levels=levels,
-                      ancestors=ancestors, skipped=skipped)
+                      ancestors=ancestors, skipped=skipped, text_exclusions=text_exclusions)

@@ -40,6 +40,7 @@ from cglib.evaluate.hierarcaps import ROOT_TEXT, hierarchical_metric, in_batch_a
 from cglib.evaluate.items import CAPTIONS, MagicItems, build_items
 from cglib.evaluate.retrieval import set_faiss_threads
 from cglib.magic.schema import load_magic
+from cglib.magic.stats import leakage
 from cglib.models import ClipModel
 from cglib.run import RunContext, provenance, write_json
 
@@ -275,6 +276,17 @@ def _at_units(scores: Scores, units: np.ndarray) -> np.ndarray:
     return scores.values[[position[int(u)] for u in units]]
 
 
+def leakage_note(magic) -> str:
+    """The exposure of models trained on generalized captions: the share of training captions that contain their
+    image's (or node's) concept name at each level (magic stats 'leakage'), or '' when none does."""
+    train = (magic.stats.get("leakage") or leakage(magic))["train"]
+    levels = train["by_level"]
+    if not train["captions"] or not any(v["captions"] for v in levels.values()):
+        return ""
+    shares = ", ".join(f"{k} {100 * v['share']:.1f}%" for k, v in levels.items())
+    return f"its generalized training captions contain their concept names ({shares} of {train['captions']})"
+
+
 def _exposure_note(model: str, benchmark: str, exposure: dict[str, str]) -> str:
     notes = [exposure.get(f"{model}|*", "")]
     if benchmark.startswith("hierarcaps"):
@@ -338,7 +350,8 @@ def evaluate_run(run: RunContext, progress: bool = True,
     lazy = {m["name"]: _LazyModel(load, m["name"], device) for m in models}
     image_size = lazy[ZERO_SHOT].image_size
     pixels_fn, image_source, readable, skipped = _test_pixels(run, magic, dataset, image_size, progress)
-    items = build_items(magic, readable, ground_truth, include_fallback=p.fallback_negatives)
+    items = build_items(magic, readable, ground_truth, include_fallback=p.fallback_negatives,
+                        include_generalized_fallback=p.include_generalized_fallback)
     skipped.update(items.skipped)
 
     # Forced-choice items: sampled once per seed, shared by every model.
@@ -353,6 +366,10 @@ def evaluate_run(run: RunContext, progress: bool = True,
     hc = _load_hierarcaps(run, magic, image_size, progress) if p.hierarcaps else None
     exposure = {f"{m['name']}|*": "trained with the l1-l4 concept names (textual pretraining)"
                 for m in models if m["exposed_to_eval_strings"]}
+    leak_note = leakage_note(magic)
+    for m in models[1:]:
+        if leak_note and (params.train.text_source == "generalized" or m["pretrain"] != "none"):
+            exposure[f"{m['name']}|*"] = "; ".join(n for n in (exposure.get(f"{m['name']}|*"), leak_note) if n)
     if hc is not None and hc["overlap"]["train"]:
         for m in models[1:]:
             exposure[f"{m['name']}|hierarcaps"] = (f"trained on {hc['overlap']['train']} of the {len(hc['items'])} "
@@ -396,6 +413,8 @@ def evaluate_run(run: RunContext, progress: bool = True,
             "n_test_images": len(items.image_ids), "n_groups": len(set(items.groups)),
             "skipped_images": dict(skipped), "ground_truth": items.has_ground_truth,
             "without_text": {f.name: f.n_without_text() for f in items.fields},
+            "text_exclusions": items.text_exclusions,
+            "generalized_leakage": (magic.stats.get("leakage") or leakage(magic))["train"],
             "forced_choice_excluded": {name: {str(s.seed): dict(s.excluded) for s in sets}
                                        for name, sets in fc_sets.items()},
             "forced_choice_items": {name: sets[0].anchors.size for name, sets in fc_sets.items()},

@@ -276,6 +276,11 @@ def table3_notes(info: dict) -> list[str]:
         (f"Test images: {info['items']['n_test_images']} in {info['items']['n_groups']} l1 groups; items without "
          "M-1 valid negatives are excluded and counted in results.json (items.forced_choice_excluded)."),
     ]
+    left_out = info["items"].get("text_exclusions", {}).get("generalized", {})
+    if left_out:
+        notes.append(f"MAGIC captions: {sum(left_out.values())} test images whose generalization failed (their "
+                     "generalized captions are fallback copies of original captions) are left out of this column "
+                     "(eval.include_generalized_fallback: true scores them).")
     if info["items"]["ground_truth"]:
         notes.append("GT l1-l4: the same protocol with the synthetic world's ground-truth concept names as texts "
                      "(the DAG's chains are the pipeline's estimate of them).")

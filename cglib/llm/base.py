@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -69,6 +69,10 @@ class QuotaExhaustedError(FatalBackendError):
     """HTTP 429 with `insufficient_quota`: the account has no credit left; retrying cannot help."""
 
 
+class BudgetExceededError(FatalBackendError):
+    """The next request would take the spend past llm.max_cost_usd: the run stopped with its answers cached."""
+
+
 @dataclass(frozen=True)
 class ConceptTask:
     """Ask for concept number `level` (1-based) of one image, given its captions and the chain so far."""
@@ -81,13 +85,16 @@ class ConceptTask:
 
 @dataclass(frozen=True)
 class GroupRequest:
-    """Ask for `n` generalized captions of one concept node (LLM_gen, PAPER_NOTES step 5)."""
+    """Ask for `n` generalized captions (LLM_gen, PAPER_NOTES step 5) of one l1 node (scope "group": the
+    pooled captions of its images) or of one image (scope "image": `group_id` is the image id, `captions` its
+    own captions, `concept` its l1 concept and `parents` the concept's ancestors l2..l_max)."""
 
     group_id: str
     concept: str
     parents: list[str]
     captions: list[str]
     n: int
+    scope: Literal["group", "image"] = "group"
 
     @property
     def item_id(self) -> str:
@@ -154,6 +161,7 @@ class Backend(ABC):
     cacheable: bool = True
     streaming: bool = True  # results arrive one by one (commit each at once); False: all at once (commit once)
     price_factor: float = 1.0  # Batch API: half price
+    budget: Any = None  # a cglib.llm.cost.Budget while the engine runs a paid step (None: no limit to hold)
 
     @abstractmethod
     def payload(self, task: Any) -> dict:

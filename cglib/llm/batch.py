@@ -117,6 +117,7 @@ class BatchRunner:
         pending = {j.key: j for j in jobs}
         items = {j.key: _Item() for j in jobs}
         rounds = self.llm.max_retries + self.llm.max_bad_reply_retries + 1
+        budget = self.backend.budget
         try:
             for round_no in range(rounds):
                 if not pending:
@@ -125,10 +126,15 @@ class BatchRunner:
                 covered = {i for entry in attached for i in self.file_ids(self.dir / entry["file"])}
                 files = self.write_files([j for k, j in pending.items() if k not in covered])
                 results = await self._submit_and_collect(client, files, attached)
+                stopped = budget is not None and budget.stopped
                 for key in list(pending):
+                    if stopped and key not in results:
+                        continue  # never submitted: llm.max_cost_usd stopped the run (the engine says so)
                     outcome = self._judge(pending[key], items[key], results.get(key))
                     if outcome is not None:
                         report(pending.pop(key), outcome)
+                if stopped:
+                    return
         finally:
             await client.close()
         for key, job in pending.items():  # out of rounds
@@ -154,18 +160,29 @@ class BatchRunner:
             ids = self.file_ids(path)
             in_flight[entry["batch_id"]] = RequestFile(path, ids, 0)
         results: dict[str, dict] = {}
+        budget = self.backend.budget
+        reserved: dict[str, int] = {}
         while queue or in_flight:
             enqueued = sum(f.tokens for f in in_flight.values())
             while queue and (not in_flight or enqueued + queue[0].tokens <= self.llm.batch_max_enqueued_tokens):
+                if budget is not None and not budget.reserve(len(queue[0].ids)):
+                    queue.clear()  # llm.max_cost_usd: submit nothing more, collect what is in flight
+                    break
                 rf = queue.pop(0)
-                in_flight[await self._submit(client, rf)] = rf
+                batch_id = await self._submit(client, rf)
+                in_flight[batch_id] = rf
+                reserved[batch_id] = len(rf.ids) if budget is not None else 0
                 enqueued += rf.tokens
+            if not in_flight:
+                break
             await asyncio.sleep(self.llm.batch_poll_s)
             for batch_id in list(in_flight):
                 batch = await client.batches.retrieve(batch_id)
                 if batch.status in FINISHED:
                     results.update(await self._collect(client, batch, in_flight.pop(batch_id)))
                     self._mark_collected(batch_id)
+                    if budget is not None:
+                        budget.release(reserved.pop(batch_id, 0))
         return results
 
     async def _submit(self, client: Any, rf: RequestFile) -> str:
@@ -217,6 +234,8 @@ class BatchRunner:
             msg = message_of(body)
             acc.input_tokens += msg.input_tokens
             acc.output_tokens += msg.output_tokens
+            if self.backend.budget is not None:
+                self.backend.budget.add(msg.input_tokens, msg.output_tokens)
             try:
                 value = check_message(msg, job.task, self.llm.max_reply_chars)
             except ReplyError as err:

@@ -1,14 +1,25 @@
-"""Token and cost accounting: estimates before a run (about 4 characters per token) and prices from params.
+"""Token and cost accounting: estimates before a run (about 4 characters per token), prices from params, and
+the spend limit `llm.max_cost_usd` while a run is going.
 
 The estimate builds the exact requests the run will send (the real prompt templates and few-shot turns) and
 counts their characters; output tokens are a small fixed allowance per reply. tiktoken is not needed: at
 this scale the chars/4 rule is within about 10-20% for English prompts, which is enough to decide whether a
 run is affordable. Real runs report the usage the server returns.
+
+The limit holds twice: before a run, against the estimate of EVERY request still to be made (on a resume: the
+levels of each chain not yet cached, and the generalized captions to come); and while it runs, against the
+actual spend (`Budget`): a request is only sent when the spend so far plus an estimate for it and for every
+request in flight stays under the limit, so a run stops cleanly, with everything answered so far cached, before
+its spend would pass the limit (by at most what the requests in flight cost beyond their estimate; the
+estimate of one request rises to the dearest reply seen, so a tokenizer dearer than chars/4 is caught early).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cglib.config import LLMParams, Params
@@ -41,23 +52,66 @@ def _filler(chars: int) -> str:
 
 def estimate_concept_requests(params: Params, captions: list[list[str]], sample: int = 200) -> dict[str, Any]:
     """Estimated tokens and cost of asking all l_max levels for these images (levels 2.. with a stand-in chain)."""
+    return estimate_chain_requests(params, [(c, 1) for c in captions], sample)
+
+
+def estimate_chain_requests(params: Params, todo: list[tuple[list[str], int]], sample: int = 200) -> dict[str, Any]:
+    """Estimated tokens and cost of the chain requests still to be made: per image (captions, first level not yet
+    answered), every level from that one to l_max (levels 2.. with a stand-in chain)."""
     from cglib.llm.openai_backend import chat_payload
 
-    n = len(captions)
+    n = len(todo)
+    l_max = params.magic.l_max
     step = max(1, n // sample)
-    shown = captions[::step][:sample]
+    shown = [c for c, _ in todo[::step][:sample]]
     per_level = []
-    for level in range(1, params.magic.l_max + 1):
+    for level in range(1, l_max + 1):
         chain = tuple(_filler(14) for _ in range(level - 1))
         tokens = [estimate_tokens(chat_payload(params, ConceptTask("x", level, tuple(c), chain))) for c in shown]
         per_level.append(sum(tokens) / max(1, len(tokens)))
-    input_tokens = n * sum(per_level)
-    output_tokens = n * params.magic.l_max * CONCEPT_REPLY_TOKENS
+    requests_per_level = [sum(1 for _, first in todo if first <= level) for level in range(1, l_max + 1)]
+    input_tokens = sum(r * t for r, t in zip(requests_per_level, per_level))
+    requests = sum(requests_per_level)
+    output_tokens = requests * CONCEPT_REPLY_TOKENS
     factor = params.llm.batch_price_factor if params.llm.batch_api else 1.0
-    return {"images": n, "requests": n * params.magic.l_max, "input_tokens": int(input_tokens),
-            "output_tokens": int(output_tokens), "input_tokens_per_level": [round(t, 1) for t in per_level],
+    return {"images": n, "requests": requests, "requests_per_level": requests_per_level,
+            "input_tokens": int(input_tokens), "output_tokens": int(output_tokens),
+            "input_tokens_per_level": [round(t, 1) for t in per_level],
             "cost_usd": round(cost_usd(input_tokens, output_tokens, params.llm, factor), 4),
+            "max_request_usd": cost_usd(max(per_level, default=0.0), CONCEPT_REPLY_TOKENS, params.llm, factor),
             "batch_api": params.llm.batch_api}
+
+
+def estimate_payloads(params: Params, payloads: list[dict], reply_tokens: list[int]) -> dict[str, Any]:
+    """Estimated tokens and cost of exact request bodies (known before sending, as for generalized captions)."""
+    factor = params.llm.batch_price_factor if params.llm.batch_api else 1.0
+    tokens = [estimate_tokens(p) for p in payloads]
+    per_request = [cost_usd(t, r, params.llm, factor) for t, r in zip(tokens, reply_tokens)]
+    return {"requests": len(payloads), "input_tokens": sum(tokens), "output_tokens": sum(reply_tokens),
+            "cost_usd": round(sum(per_request), 6), "max_request_usd": max(per_request, default=0.0),
+            "batch_api": params.llm.batch_api}
+
+
+def estimate_image_generalize_requests(params: Params, items: list[tuple[list[str], list[str]]],
+                                       sample: int = 200) -> dict[str, Any]:
+    """Estimated tokens and cost of per-image generalized captions for (captions, chain names) items."""
+    from cglib.llm.openai_backend import chat_payload
+
+    n_items = len(items)
+    if not n_items:
+        return {"requests": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "max_request_usd": 0.0}
+    step = max(1, n_items // sample)
+    shown = items[::step][:sample]
+    n = params.llm.generalized_captions_per_image
+    bodies = [chat_payload(params, GroupRequest("i", names[0] if names else _filler(14),
+                                                list(names[1:]) or [_filler(12)] * (params.magic.l_max - 1),
+                                                list(caps), n, scope="image")) for caps, names in shown]
+    est = estimate_payloads(params, bodies, [n * CAPTION_REPLY_TOKENS] * len(bodies))
+    scale = n_items / len(bodies)
+    tin, tout = est["input_tokens"] * scale, est["output_tokens"] * scale
+    factor = params.llm.batch_price_factor if params.llm.batch_api else 1.0
+    return {"requests": n_items, "input_tokens": int(tin), "output_tokens": int(tout),
+            "cost_usd": round(cost_usd(tin, tout, params.llm, factor), 4), "max_request_usd": est["max_request_usd"]}
 
 
 def estimate_generalize_requests(params: Params, groups: int, captions_per_group: int,
@@ -77,8 +131,8 @@ def estimate_generalize_requests(params: Params, groups: int, captions_per_group
 
 def estimate_full_coco(params: Params, images: int = COCO_TRAIN_IMAGES, captions_per_image: int = 5,
                        caption_chars: int = COCO_CAPTION_CHARS, l1_nodes: int = PAPER_L1_NODES) -> list[dict[str, Any]]:
-    """Rows of the cost estimate of the paper's full run (COCO train2017, l_max levels + LLM_gen per l1 node),
-    live and with the Batch API, at the prices in params."""
+    """Rows of the cost estimate of the paper's full run (COCO train2017, l_max levels + LLM_gen per image, or per
+    l1 node with magic.generalize: group), live and with the Batch API, at the prices in params."""
     caps = [[_filler(caption_chars)] * captions_per_image]
     rows = []
     for batch in (False, True):
@@ -87,12 +141,69 @@ def estimate_full_coco(params: Params, images: int = COCO_TRAIN_IMAGES, captions
         per_image = estimate_concept_requests(p, caps)  # every image has the same stand-in captions: scale one
         tin = images * sum(per_image["input_tokens_per_level"])
         tout = images * params.magic.l_max * CONCEPT_REPLY_TOKENS
-        gen = estimate_generalize_requests(p, l1_nodes, params.llm.generalize_max_captions, caption_chars)
+        if params.magic.generalize == "image":
+            one = estimate_image_generalize_requests(p, [(caps[0], [])])  # scale one (rounded costs would not)
+            gen = {key: one[key] * images for key in ("requests", "input_tokens", "output_tokens")}
+            gen["cost_usd"] = cost_usd(gen["input_tokens"], gen["output_tokens"], params.llm, factor)
+        else:
+            gen = estimate_generalize_requests(p, l1_nodes, params.llm.generalize_max_captions, caption_chars)
         mode = "Batch API" if batch else "live"
         rows.append({"step": f"chains l1..l{params.magic.l_max} ({mode})", "requests": images * params.magic.l_max,
                      "input_tokens": int(tin), "output_tokens": int(tout),
                      "cost_usd": round(cost_usd(tin, tout, params.llm, factor), 2)})
-        rows.append({"step": f"generalized captions ({mode})", "requests": gen["requests"],
+        rows.append({"step": f"generalized captions per {params.magic.generalize} ({mode})", "requests": gen["requests"],
                      "input_tokens": gen["input_tokens"], "output_tokens": gen["output_tokens"],
                      "cost_usd": round(gen["cost_usd"], 2)})
     return rows
+
+
+@dataclass
+class Budget:
+    """`llm.max_cost_usd` while requests are being made: actual spend so far, requests in flight, and the estimated
+    cost of one request. Backends call `reserve` before sending a job, `add` with the usage of every reply and
+    `release` when the job is done; a refused reservation stops the run (see the module docstring)."""
+
+    limit_usd: float | None
+    price: Callable[[int, int], float]  # USD of (input tokens, output tokens) at this run's prices
+    request_usd: float  # estimated cost of one request not yet answered
+    spent_usd: float = 0.0
+    in_flight: int = 0
+    stopped: bool = False
+
+    def fits(self, jobs: int = 1) -> bool:
+        """Whether `jobs` more requests fit under the limit beside the spend and the requests in flight."""
+        if self.limit_usd is None:
+            return True
+        return self.spent_usd + (self.in_flight + jobs) * self.request_usd <= self.limit_usd + 1e-12
+
+    def reserve(self, jobs: int = 1) -> bool:
+        """Count `jobs` requests in flight if they fit; otherwise mark the run stopped and return False."""
+        if not self.fits(jobs):
+            self.stopped = True
+            return False
+        self.in_flight += jobs
+        return True
+
+    def add(self, input_tokens: int, output_tokens: int) -> None:
+        """Add the usage of one reply to the spend; a reply dearer than the estimate raises the estimate."""
+        cost = self.price(input_tokens, output_tokens)
+        self.spent_usd += cost
+        self.request_usd = max(self.request_usd, cost)  # the server's real tokens beat the chars/4 rule
+
+    def release(self, jobs: int = 1) -> None:
+        """`jobs` requests are no longer in flight."""
+        self.in_flight = max(0, self.in_flight - jobs)
+
+    def message(self, answered: int, unanswered: int) -> str:
+        """Why the run stopped and what to do."""
+        return (f"stopped before the spend passes llm.max_cost_usd (${self.limit_usd:.4f}): ${self.spent_usd:.4f} "
+                f"spent in this run, about ${self.request_usd:.4f} per further request; {answered} answers of this "
+                f"step are cached (a rerun does not pay for them again), {unanswered} were not asked. Raise "
+                "llm.max_cost_usd (or use llm.batch_api at half price) and run again to continue")
+
+
+def make_budget(params: Params, price_factor: float, request_usd: float) -> Budget:
+    """The running budget of one step at this run's prices (no limit when llm.max_cost_usd is null)."""
+    return Budget(limit_usd=params.llm.max_cost_usd,
+                  price=lambda tin, tout: cost_usd(tin, tout, params.llm, price_factor),
+                  request_usd=max(request_usd, 0.0) if not math.isnan(request_usd) else 0.0)

@@ -13,6 +13,7 @@ cache hits, failures by reason, few-shot copies, provenance), cache.sqlite (unle
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,10 +22,27 @@ from typing import Any
 
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
-from cglib.llm.base import Backend, ConceptTask, Failure, FatalBackendError, Job, Outcome, run_sync
+from cglib.llm.base import (
+    Backend,
+    BudgetExceededError,
+    ConceptTask,
+    Failure,
+    FatalBackendError,
+    GroupRequest,
+    Job,
+    Outcome,
+    run_sync,
+)
 from cglib.llm.cache import ResultCache
 from cglib.llm.canonical import canonicalize
-from cglib.llm.cost import cost_usd, estimate_concept_requests
+from cglib.llm.cost import (
+    Budget,
+    cost_usd,
+    estimate_chain_requests,
+    estimate_generalize_requests,
+    estimate_image_generalize_requests,
+    make_budget,
+)
 from cglib.llm.prompts import few_shot_chains, load_prompts
 from cglib.run import provenance, write_json
 from cglib.strict_yaml import NotTextError, read_text
@@ -103,9 +121,11 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stats: Stats, kind: str,
-                  retry_failed: bool = False, desc: str = "", progress: bool = False) -> list[Outcome]:
+                  retry_failed: bool = False, desc: str = "", progress: bool = False,
+                  budget: Budget | None = None) -> list[Outcome]:
     """Outcome of every task, in order: cache hits first, then the backend for the rest (results cached as
-    they arrive). Identical requests are sent once."""
+    they arrive). Identical requests are sent once. With a `budget` (llm.max_cost_usd) the backend stops
+    sending before the spend would pass it: every answer so far is cached, then BudgetExceededError."""
     jobs: dict[str, Job] = {}
     keys: list[str] = []
     for task in tasks:
@@ -141,13 +161,17 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
                       commit=backend.streaming)
         bar.update(len(job.tasks))
 
+    backend.budget = budget
     try:
         await backend.run(misses, report)
     finally:
+        backend.budget = None
         bar.close()
         if use_cache:
             cache.commit()
     lost = [j for j in misses if j.key not in outcomes]
+    if budget is not None and budget.stopped:
+        raise BudgetExceededError(budget.message(answered=len(misses) - len(lost), unanswered=len(lost)))
     if lost:  # a backend must answer every job; say so loudly rather than dropping items
         raise RuntimeError(f"backend '{backend.name}' returned no outcome for {len(lost)} of {len(misses)} jobs")
     result = [outcomes[k] for k in keys]
@@ -179,18 +203,22 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
     chains: dict[str, list[str]] = {i: [] for i in dataset.image_ids}
     failures: dict[str, Failure] = {}
     estimate = None
+    budget = None
     cache = ResultCache(cache_path(params, run_dir)) if backend.cacheable else None
     try:
+        if params.llm.backend == "openai":
+            estimate = check_budget(params, backend, cache, dataset, run_dir)
+            budget = make_budget(params, backend.price_factor, estimate["chains"]["max_request_usd"])
+            if progress and estimate["requests"]:
+                print(f"estimate of the requests still to be made: {estimate['chains']['requests']:,} for chains "
+                      f"(per level {estimate['chains']['requests_per_level']}) and about "
+                      f"{estimate['generalize']['requests']:,} for generalized captions, "
+                      f"{estimate['input_tokens']:,} input tokens, about ${estimate['cost_usd']:.2f}")
         for level in range(1, l_max + 1):
             active = [i for i in dataset.image_ids if i not in failures]
             tasks = [ConceptTask(i, level, tuple(dataset.captions[i]), tuple(chains[i])) for i in active]
-            if level == 1 and params.llm.backend == "openai":
-                estimate = _check_budget(params, backend, cache, tasks)
-                if progress and estimate["images"]:
-                    print(f"estimate for {estimate['images']:,} uncached images: {estimate['requests']:,} requests, "
-                          f"{estimate['input_tokens']:,} input tokens, about ${estimate['cost_usd']:.2f}")
             outcomes = await execute(backend, cache, tasks, stats, "concept", params.llm.retry_failed,
-                                     desc=f"level {level}/{l_max}", progress=progress)
+                                     desc=f"level {level}/{l_max}", progress=progress, budget=budget)
             for task, out in zip(tasks, outcomes):
                 if out.ok:
                     chains[task.item_id].append(out.value)
@@ -212,17 +240,71 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
     return AbstractionResult(chains=done, failures=failed, summary=summary)
 
 
-def _check_budget(params: Params, backend: Backend, cache: ResultCache | None, tasks: list[ConceptTask]) -> dict:
-    """Estimate the cost of the level-1 misses (all levels); refuse to start above llm.max_cost_usd."""
-    keys = [backend.key(backend.payload(t)) for t in tasks]
-    cached = cache.get_many(keys) if cache is not None else {}
-    todo = [list(t.captions) for t, k in zip(tasks, keys) if k not in cached]
-    estimate = estimate_concept_requests(params, todo) if todo else {"images": 0, "cost_usd": 0.0}
+def remaining_chain_work(params: Params, backend: Backend, cache: ResultCache | None, dataset: CaptionDataset
+                         ) -> tuple[list[tuple[list[str], int]], dict[str, list[str]]]:
+    """What a run still has to ask, read from the cache level by level: per image with work left, (captions, first
+    level not answered); and the chains already complete in the cache (a cached failure ends a chain unless
+    llm.retry_failed, which asks it again)."""
+    l_max = params.magic.l_max
+    chains: dict[str, list[str]] = {i: [] for i in dataset.image_ids}
+    todo: list[tuple[list[str], int]] = []
+    active = list(dataset.image_ids)
+    for level in range(1, l_max + 1):
+        if not active:
+            break
+        keys = {i: backend.key(backend.payload(ConceptTask(i, level, tuple(dataset.captions[i]), tuple(chains[i]))))
+                for i in active}
+        cached = cache.get_many(list(keys.values())) if cache is not None else {}
+        still = []
+        for i in active:
+            hit = cached.get(keys[i])
+            if hit is None or (not hit.ok and params.llm.retry_failed):
+                todo.append((list(dataset.captions[i]), level))
+            elif hit.ok:
+                chains[i].append(hit.value)
+                still.append(i)
+        active = still
+    return todo, {i: chains[i] for i in active}
+
+
+def _generalize_estimate(params: Params, cache: ResultCache | None, dataset: CaptionDataset, run_dir: Path,
+                         complete: dict[str, list[str]]) -> dict:
+    """The generalized-caption requests still to come after the chains (notebook 03): per image (every image;
+    those whose chain is complete are looked up in the cache with their chain's names, which merging rarely
+    changes) or, with magic.generalize: group, an upper bound of one request per magic.size_min images."""
+    if params.magic.generalize == "group":
+        groups = max(1, math.ceil(len(dataset.image_ids) / params.magic.size_min))
+        return estimate_generalize_requests(params, groups, params.llm.generalize_max_captions)
+    from cglib.llm.generalize_requests import make_generalizer
+
+    n = params.llm.generalized_captions_per_image
+    gen_backend = make_generalizer(params, run_dir, "image")
+    keyed = {i: gen_backend.key(gen_backend.payload(GroupRequest(i, c[0], list(c[1:]), list(dataset.captions[i]), n,
+                                                                 scope="image"))) for i, c in complete.items()}
+    cached = cache.get_many(list(keyed.values())) if cache is not None and keyed else {}
+    items = [(list(dataset.captions[i]), complete.get(i, [])) for i in dataset.image_ids
+             if i not in keyed or keyed[i] not in cached]
+    return estimate_image_generalize_requests(params, items)
+
+
+def check_budget(params: Params, backend: Backend, cache: ResultCache | None, dataset: CaptionDataset,
+                 run_dir: Path) -> dict:
+    """Estimate EVERY request still to be made (the levels of each chain not yet cached, then the generalized
+    captions) and refuse to start above llm.max_cost_usd."""
+    todo, complete = remaining_chain_work(params, backend, cache, dataset)
+    chains = estimate_chain_requests(params, todo)
+    gen = _generalize_estimate(params, cache, dataset, run_dir, complete)
+    estimate = {"requests": chains["requests"] + gen["requests"],
+                "input_tokens": chains["input_tokens"] + gen["input_tokens"],
+                "output_tokens": chains["output_tokens"] + gen["output_tokens"],
+                "cost_usd": round(chains["cost_usd"] + gen["cost_usd"], 4), "chains": chains, "generalize": gen,
+                "images_with_work": len(todo)}
     limit = params.llm.max_cost_usd
     if limit is not None and estimate["cost_usd"] > limit:
-        raise ValueError(f"estimated cost ${estimate['cost_usd']:.2f} for {len(todo)} uncached images exceeds "
-                         f"llm.max_cost_usd (${limit:.2f}); raise the limit, use llm.batch_api, or set "
-                         "data.max_images")
+        raise ValueError(f"estimated cost ${estimate['cost_usd']:.2f} of the requests still to be made "
+                         f"({chains['requests']} for chains of {len(todo)} images, {gen['requests']} for generalized "
+                         f"captions) exceeds llm.max_cost_usd (${limit:.2f}); raise the limit, use llm.batch_api, or "
+                         "set data.max_images")
     return estimate
 
 

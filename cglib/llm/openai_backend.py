@@ -47,7 +47,9 @@ from cglib.llm.prompts import (
     CONCEPT_SCHEMA,
     GENERALIZE_SCHEMA,
     concept_messages,
+    generalize_image_messages,
     generalize_messages,
+    load_image_prompt,
     load_prompts,
 )
 from cglib.llm.replies import ReplyError, check_message, message_of
@@ -147,7 +149,11 @@ def chat_payload(params: Params, task: ConceptTask | GroupRequest) -> dict:
         schema, name, max_tokens = CONCEPT_SCHEMA, "concept", llm.max_output_tokens
     else:
         shown = sample_captions(task.captions, llm.generalize_max_captions, params.run.seed, task.group_id)
-        messages = generalize_messages(prompts, task.concept, task.parents, shown, task.n)
+        if task.scope == "image":  # its own versioned prompt: only this image's captions and its chain's names
+            image_prompt = load_image_prompt(llm.generalize_image_prompt_version)
+            messages = generalize_image_messages(image_prompt, task.concept, task.parents, shown, task.n)
+        else:
+            messages = generalize_messages(prompts, task.concept, task.parents, shown, task.n)
         schema, name, max_tokens = GENERALIZE_SCHEMA, "generalized_captions", llm.max_output_tokens * task.n
     body: dict[str, Any] = {"model": llm.model, "messages": messages, "temperature": llm.temperature,
                             "max_tokens": max_tokens, "seed": params.run.seed}
@@ -201,10 +207,15 @@ class OpenAIBackend(Backend):
         unreachable = 0  # consecutive jobs that ended without any answer (connection errors, timeouts)
         limit = max(8, self.llm.concurrency)
 
+        budget = self.budget
+
         async def worker() -> None:
             nonlocal unreachable
             for job in pending:  # one shared iterator: each job is taken by exactly one worker
                 if stop.is_set():
+                    return
+                if budget is not None and not budget.reserve():  # llm.max_cost_usd: the engine says why
+                    stop.set()
                     return
                 try:
                     outcome = await self.complete(client, job)
@@ -212,6 +223,9 @@ class OpenAIBackend(Backend):
                     fatal.append(exc)
                     stop.set()
                     return
+                finally:
+                    if budget is not None:
+                        budget.release()
                 report(job, outcome)
                 unreachable = unreachable + 1 if outcome.reason in ("connection_error", "timeout") else 0
                 if unreachable >= limit and not stop.is_set():  # a dead server: stop instead of failing every item
@@ -279,6 +293,8 @@ class OpenAIBackend(Backend):
                 msg = message_of(completion)
                 out.input_tokens += msg.input_tokens
                 out.output_tokens += msg.output_tokens
+                if self.budget is not None:
+                    self.budget.add(msg.input_tokens, msg.output_tokens)
                 try:
                     value = check_message(msg, job.task, self.llm.max_reply_chars)
                 except ReplyError as err:
@@ -291,6 +307,10 @@ class OpenAIBackend(Backend):
                         # temperature 0, or when no retry was allowed; one that changed was a transient fault.
                         final = reproduced or bad_replies == 1
                         return _finish(out, Outcome.failure(err.reason, err.detail, err.raw, cacheable=final))
+                    if self.budget is not None and not self.budget.fits(0):  # a retry costs too: not past the limit
+                        self.budget.stopped = True
+                        return _finish(out, Outcome.failure("budget_exceeded", f"{err.reason}; not retried: "
+                                                            "llm.max_cost_usd reached", err.raw, cacheable=False))
                     continue
                 return _finish(out, Outcome(ok=True, value=value, raw=msg.content,
                                             meta={"finish_reason": msg.finish_reason}))

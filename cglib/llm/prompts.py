@@ -17,6 +17,7 @@ import yaml
 from cglib.llm.canonical import canonicalize
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
+IMAGE_PROMPT_DIR = PROMPT_DIR / "generalize_image"
 
 CONCEPT_SCHEMA: dict = {
     "type": "object",
@@ -52,6 +53,15 @@ class PromptSet:
     few_shot: tuple[FewShot, ...]
 
 
+@dataclass(frozen=True)
+class ImagePrompt:
+    """The per-image generalized-caption prompt of one version (llm.generalize_image_prompt_version)."""
+
+    version: str
+    system: str
+    user: str
+
+
 def available_versions() -> list[str]:
     """Prompt versions shipped with the package."""
     return sorted(p.stem for p in PROMPT_DIR.glob("*.yaml"))
@@ -75,6 +85,24 @@ def load_prompts(version: str) -> PromptSet:
     if prompts.version != version:
         raise ValueError(f"{path} declares version '{prompts.version}', expected '{version}'; fix the file")
     return prompts
+
+
+@lru_cache(maxsize=8)
+def load_image_prompt(version: str) -> ImagePrompt:
+    """Load the per-image LLM_gen prompt `version`; a clear error names the available versions."""
+    path = IMAGE_PROMPT_DIR / f"{version}.yaml"
+    if not path.is_file():
+        have = ", ".join(sorted(p.stem for p in IMAGE_PROMPT_DIR.glob("*.yaml")))
+        raise ValueError(f"llm.generalize_image_prompt_version '{version}' not found in {IMAGE_PROMPT_DIR}; "
+                         f"available: {have}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        prompt = ImagePrompt(version=str(raw["version"]), system=raw["system"].strip(), user=raw["user"].strip())
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: malformed prompt ({exc!r}); it needs version, system and user") from None
+    if prompt.version != version:
+        raise ValueError(f"{path} declares version '{prompt.version}', expected '{version}'; fix the file")
+    return prompt
 
 
 def _bullets(captions: list[str] | tuple[str, ...]) -> str:
@@ -110,6 +138,13 @@ def generalize_messages(prompts: PromptSet, concept: str, parents: list[str], ca
     text = prompts.generalize.format(n_shown=len(captions), concept=concept, parents=", ".join(parents) or "none",
                                      captions=_bullets(captions), n=n)
     return [{"role": "system", "content": prompts.system}, {"role": "user", "content": text}]
+
+
+def generalize_image_messages(prompt: ImagePrompt, concept: str, parents: list[str], captions: list[str],
+                              n: int) -> list[dict]:
+    """Chat messages asking for `n` generalized captions of one image from its own captions and its chain."""
+    text = prompt.user.format(concept=concept, parents=", ".join(parents) or "none", captions=_bullets(captions), n=n)
+    return [{"role": "system", "content": prompt.system}, {"role": "user", "content": text}]
 
 
 def few_shot_chains(prompts: PromptSet, l_max: int) -> list[list[str]]:

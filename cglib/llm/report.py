@@ -47,6 +47,11 @@ def summary_table(result: AbstractionResult) -> pd.DataFrame:
             ("requests (incl. retries)", s["requests"]), ("retries by reason", s["retries_by_reason"] or "-"),
             ("tokens in / out", f"{s['tokens']['input']:,} / {s['tokens']['output']:,}"),
             ("cost this run (USD)", s["cost_usd"]), ("wall time (s)", s["wall_s"])]
+    estimate = s.get("estimate_before_run")
+    if estimate:  # every request still to be made when the run started, LLM_gen included
+        text = (f"{estimate['cost_usd']} ({estimate['requests']:,} requests, "
+                f"{estimate['generalize']['requests']:,} of them LLM_gen)")
+        rows.append(("estimate before run (USD)", text))
     if s.get("note"):
         rows.append(("note", s["note"]))
     return pd.DataFrame(rows, columns=["", "value"]).set_index("")

@@ -1,8 +1,10 @@
 """Algorithm 1 end to end: chains -> concept DAG -> merge/remove -> split -> hard negatives -> LLM_gen -> stats.
 
+LLM_gen is per image by default (magic.generalize: image) or per l1 node (group); see generalized_captions.py.
+
 `build_magic(dataset, chains, params)` returns a validated `MagicFile`; `save_outputs` writes magic.json,
 magic.graphml and stats.json into the `magic` stage folder. The order matters: the split comes before LLM_gen
-so that generalized captions can be written from training images only (see generalize.py).
+so that generalized captions can be written from training images only (see generalized_captions.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from cglib.data.dataset import CaptionDataset
 from cglib.magic.dag import ConceptDAG
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
 from cglib.magic.export import write_graphml
-from cglib.magic.generalize import Generalizer, add_generalized_captions
+from cglib.magic.generalized_captions import Generalizer, add_generalized_captions
 from cglib.magic.invariants import check_invariants
 from cglib.magic.merge import merge_and_remove
 from cglib.magic.negatives import hard_negatives

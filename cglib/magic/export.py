@@ -17,7 +17,8 @@ from cglib.magic.schema import MagicFile
 
 def to_networkx(magic: MagicFile) -> nx.DiGraph:
     """The hierarchy as a DiGraph with GraphML-safe attributes (str, int, float, bool only)."""
-    graph = nx.DiGraph(l_max=magic.l_max, split_kind=magic.split_kind, schema_version=magic.schema_version)
+    graph = nx.DiGraph(l_max=magic.l_max, split_kind=magic.split_kind, schema_version=magic.schema_version,
+                       generalize=magic.generalize)  # image mode: the captions live on images, not on nodes
     for n in magic.nodes.values():
         train = len(magic.images_of(n.id, "train"))
         graph.add_node(

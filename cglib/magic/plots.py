@@ -100,11 +100,20 @@ def draw_subtree(magic: MagicFile, root: str, max_per_node: int = 6) -> Figure:
 
 
 def generalized_examples(magic: MagicFile, n_nodes: int = 3, n_captions: int = 3) -> pd.DataFrame:
-    """Original captions beside generalized captions for the largest l1 nodes."""
+    """Original captions beside generalized captions for the largest l1 nodes (per image with generalize: image:
+    each row is one image, its first caption and its own first generalized caption)."""
     nodes = sorted(magic.nodes_at(1), key=lambda n: (-n.n_images, n.id))[:n_nodes]
     rows = []
     for n in nodes:
-        originals = [c for i in magic.images_of(n.id)[:n_captions] for c in magic.images[i].captions[:1]]
+        image_ids = magic.images_of(n.id)[:n_captions]
+        originals = [magic.images[i].captions[0] for i in image_ids if magic.images[i].captions]
+        if magic.generalize == "image":
+            for i in image_ids:
+                texts = magic.generalized_texts(i)
+                rows.append({"node": n.name, "image": i, "original caption": magic.images[i].captions[0],
+                             "generalized caption": texts[0] if texts else "",
+                             "fallback": magic.images[i].generalized_fallback})
+            continue
         for k in range(n_captions):
             rows.append({"node": n.name, "original caption": originals[k] if k < len(originals) else "",
                          "generalized caption": n.generalized_captions[k] if k < len(n.generalized_captions) else "",

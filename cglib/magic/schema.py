@@ -34,7 +34,8 @@ class Node(_Strict):
     parents: dict[str, int] = Field(default_factory=dict, description="parent id -> images supporting the edge")
     primary_parent: str | None = None
     n_images: int = Field(0, ge=0, description="images under the node (l1: attached; higher: via primary chains)")
-    generalized_captions: list[str] = Field(default_factory=list, description="l1 nodes: LLM_gen captions")
+    generalized_captions: list[str] = Field(default_factory=list, description="l1 nodes: LLM_gen captions "
+                                            "(magic.generalize: group; empty in image mode)")
     hard_negatives: list[str] = Field(default_factory=list, description="same-level nodes above the threshold")
     fallback_negatives: list[str] = Field(
         default_factory=list, description="most similar same-level nodes below the threshold, added to reach k")

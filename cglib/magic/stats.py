@@ -1,7 +1,11 @@
-"""Statistics of a MAGIC dataset: the paper's Table 1 and per-level distributions, merges, removals, failures.
+"""Statistics of a MAGIC dataset: the paper's Table 1 and per-level distributions, merges, removals, failures,
+and the leakage of concept names into generalized captions.
 
 Table 1 reports "images per node" without saying over which nodes; we report it over l1 nodes (the groups that
-training uses) and over the nodes of all levels, side by side.
+training uses) and over the nodes of all levels, side by side. Its "image-caption pairs" are counted the
+paper's way: one (image, generalized caption) pair per generalized caption written for an image (with
+magic.generalize: group, every image pairs with each of its node's captions); fallback copies of original
+captions are not written captions and are left out (counted apart).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
+from cglib.llm.generalize_requests import mentions_concept
 from cglib.magic.schema import MagicFile, node_id
 
 # Paper, Table 1 (Suissa et al.): the MAGIC dataset built from COCO train2017.
@@ -38,7 +43,9 @@ def compute_stats(magic: MagicFile) -> dict:
     all_counts = [n.n_images for n in magic.nodes.values()]
     stats: dict = {
         "images": n_images,
-        "pairs": sum(len(r.captions) for r in magic.images.values()),
+        "pairs": generalized_pairs(magic),
+        "pairs_fallback": generalized_pairs(magic, fallback=True),
+        "original_caption_pairs": sum(len(r.captions) for r in magic.images.values()),
         "nodes_per_level": {f"l{k}": len(magic.nodes_at(k)) for k in levels},
         "mean_images_per_l1_node": round(n_images / max(1, len(magic.nodes_at(1))), 3),
         "mean_images_per_node_all_levels": round(float(np.mean(all_counts)), 3) if all_counts else 0.0,
@@ -81,7 +88,98 @@ def compute_stats(magic: MagicFile) -> dict:
     stats["split"] = {"kind": magic.split_kind, "train_images": len(train), "test_images": len(test),
                       "train_groups": len(magic.groups("train")), "test_groups": len(magic.groups("test"))}
     stats["generalized_fallback_nodes"] = sum(n.generalized_fallback for n in magic.nodes_at(1))
+    stats["generalized_fallback_images"] = sum(r.generalized_fallback for r in magic.images.values())
+    stats["leakage"] = leakage(magic)
     return stats
+
+
+def _pairs_unit(magic: MagicFile, image_id: str) -> tuple[list[str], bool]:
+    """The generalized captions an image pairs with and whether they are fallback copies."""
+    record = magic.images[image_id]
+    fallback = record.generalized_fallback if magic.generalize == "image" else magic.nodes[record.node].generalized_fallback
+    return magic.generalized_texts(image_id), fallback
+
+
+def generalized_pairs(magic: MagicFile, fallback: bool = False) -> int:
+    """(image, generalized caption) pairs: written captions (fallback=False) or fallback copies (True)."""
+    total = 0
+    for image_id in magic.images:
+        texts, is_fallback = _pairs_unit(magic, image_id)
+        total += len(texts) if is_fallback == fallback else 0
+    return total
+
+
+def _leak_counts(units: list[tuple[list[str], list[str]]], l_max: int) -> dict:
+    """Captions of (chain names, captions) units that contain the unit's level-k name, per level and any."""
+    by_level = Counter()
+    units_with = Counter()
+    any_level = 0
+    n_captions = sum(len(caps) for _, caps in units)
+    for names, caps in units:
+        hit_levels: set[int] = set()
+        for caption in caps:
+            hits = [k for k, name in enumerate(names, start=1) if mentions_concept(caption, name)]
+            by_level.update(hits)
+            hit_levels.update(hits)
+            any_level += bool(hits)
+        units_with.update(hit_levels)
+    share = (lambda k: round(k / n_captions, 4)) if n_captions else (lambda k: 0.0)
+    return {"units": len(units), "captions": n_captions,
+            "by_level": {f"l{k}": {"captions": by_level[k], "share": share(by_level[k]), "units": units_with[k]}
+                         for k in range(1, l_max + 1)},
+            "any_level": {"captions": any_level, "share": share(any_level)}}
+
+
+def leakage(magic: MagicFile) -> dict:
+    """Per level, how many generalized captions contain their unit's l1..l_max concept names (whole words,
+    case-insensitive, singular forms): the unit is the image (magic.generalize: image; its chain) or the l1 node
+    (group; the node's chain). Concept names are the evaluation queries, so every such caption lets a model
+    trained on it see an evaluation string. Written captions and fallback copies (original captions) apart;
+    `train`: the written captions of training images (image mode) or of nodes with training images (group)."""
+    written: list[tuple[list[str], list[str]]] = []
+    copies: list[tuple[list[str], list[str]]] = []
+    train: list[tuple[list[str], list[str]]] = []
+    if magic.generalize == "image":
+        for image_id in sorted(magic.images):
+            record = magic.images[image_id]
+            unit = (magic.chain_names(image_id), list(record.generalized_captions))
+            (copies if record.generalized_fallback else written).append(unit)
+            if record.split == "train" and not record.generalized_fallback:
+                train.append(unit)
+    else:
+        train_groups = set(magic.groups("train"))
+        for node_key in magic.groups():
+            node = magic.nodes[node_key]
+            names = [magic.nodes[magic.ancestor(node_key, k)].name for k in range(1, magic.l_max + 1)]
+            unit = (names, list(node.generalized_captions))
+            (copies if node.generalized_fallback else written).append(unit)
+            if node_key in train_groups and not node.generalized_fallback:
+                train.append(unit)
+    return {"unit": "image" if magic.generalize == "image" else "l1 node",
+            "written": _leak_counts(written, magic.l_max), "train": _leak_counts(train, magic.l_max),
+            "fallback": _leak_counts(copies, magic.l_max)}
+
+
+def leakage_table(magic: MagicFile) -> pd.DataFrame:
+    """Per level: generalized captions (written, and of training units) containing their unit's concept name at
+    that level, with shares, and the same count among fallback copies of original captions."""
+    leak = magic.stats.get("leakage") or leakage(magic)
+    def pick(part: str, key: str) -> dict:
+        block = leak[part]
+        return block["any_level"] if key == "any" else block["by_level"][key]
+
+    rows = []
+    for key in [*(f"l{k}" for k in range(1, magic.l_max + 1)), "any"]:
+        rows.append({"level": key, "written captions naming it": pick("written", key)["captions"],
+                     "share of written": pick("written", key)["share"],
+                     "training captions naming it": pick("train", key)["captions"],
+                     "share of training": pick("train", key)["share"],
+                     "fallback copies naming it": pick("fallback", key)["captions"]})
+    table = pd.DataFrame(rows).set_index("level")
+    table.attrs["note"] = (f"unit: {leak['unit']}; {leak['written']['captions']} written captions, "
+                           f"{leak['train']['captions']} of training units, {leak['fallback']['captions']} "
+                           "fallback copies")
+    return table
 
 
 def table1(magic: MagicFile) -> pd.DataFrame:
@@ -91,7 +189,9 @@ def table1(magic: MagicFile) -> pd.DataFrame:
             *[(f"l{k} nodes", stats["nodes_per_level"][f"l{k}"]) for k in range(1, magic.l_max + 1)],
             ("mean images per node", stats["mean_images_per_l1_node"]),
             ("mean images per node (all levels)", stats["mean_images_per_node_all_levels"])]
-    notes = {"mean images per node": "ours: per l1 node; the paper does not say over which nodes"}
+    notes = {"mean images per node": "ours: per l1 node; the paper does not say over which nodes",
+             "image-caption pairs": f"(image, generalized caption) pairs, generalize: {magic.generalize}; "
+                                    f"{stats.get('pairs_fallback', 0)} fallback pairs left out"}
     return pd.DataFrame([{"statistic": name, "paper": PAPER_TABLE1.get(name, ""), "ours": value,
                           "note": notes.get(name, "")} for name, value in rows], dtype=object).set_index("statistic")
 

@@ -75,7 +75,8 @@ class GroupEmbeddings:
 
 
 def group_texts(magic: MagicFile, image_ids: Sequence[str], text_source: str) -> tuple[list[str], list[str]]:
-    """(texts, l1 group per text): the images' original captions, or their groups' generalized captions."""
+    """(texts, l1 group per text): the images' original captions, or their generalized captions (read through
+    `MagicFile.generalized_texts`: each image's own, or once per group with magic.generalize: group)."""
     texts, groups = [], []
     if text_source == "captions":
         for image_id in image_ids:
@@ -83,10 +84,17 @@ def group_texts(magic: MagicFile, image_ids: Sequence[str], text_source: str) ->
             texts += record.captions
             groups += [record.node] * len(record.captions)
     elif text_source == "generalized":
-        for node in dict.fromkeys(magic.images[i].node for i in image_ids):
-            captions = magic.nodes[node].generalized_captions
+        if magic.generalize == "image":  # each image's own captions
+            sources = list(image_ids)
+        else:  # one set per group: the texts of the group's first image (all its images share them)
+            first: dict[str, str] = {}
+            for image_id in image_ids:
+                first.setdefault(magic.images[image_id].node, image_id)
+            sources = list(first.values())
+        for image_id in sources:
+            captions = magic.generalized_texts(image_id)
             texts += captions
-            groups += [node] * len(captions)
+            groups += [magic.images[image_id].node] * len(captions)
     else:
         raise ValueError(f"text_source must be 'captions' or 'generalized', got {text_source!r}")
     return texts, groups
