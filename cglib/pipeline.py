@@ -4,13 +4,23 @@ Every notebook gets two parameters, the params file path and the run directory, 
 previous ones wrote under `outputs/<run>/`. Executed notebooks go to `<run>/notebooks/`, and `<run>/run.json`
 records params, git commit, package versions and each notebook's status and duration. A failing cell stops
 the series and is reported by notebook, cell and exception.
+
+Kernels of a run get `CGLIB_HEADLESS=1` (unless already set), so explorers render statically and open no widget
+comm, and progress bars are text bars left at their final count (`cglib.frontend`). A cell that sends nothing
+for `run.cell_silence_s` is treated as hung: its kernel is interrupted (killed if that does not help) and the
+run fails naming the notebook and the cell, instead of waiting for `run.cell_timeout_s`.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from cglib.config import Params
+from cglib.frontend import HEADLESS_ENV
 from cglib.run import REPO_ROOT, provenance, write_json
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
@@ -26,6 +37,10 @@ DEFAULT_KERNEL = "cglib"
 
 class NotebookFailed(RuntimeError):
     """A notebook of the series raised; the message names the notebook, the cell and the exception."""
+
+
+class CellSilent(RuntimeError):
+    """A cell sent nothing for longer than `run.cell_silence_s`; the message names the cell."""
 
 
 @dataclass
@@ -106,11 +121,128 @@ def _failure_summary(exc: Exception) -> str:
     return f"cell In [{cell}]{first_line}: {ename}: {evalue}"
 
 
+class SilenceWatch:
+    """Watches one notebook's execution: every kernel message resets the clock; after `limit_s` of silence in a
+    cell it interrupts the kernel (SIGINT), and kills it if still silent `grace_s` later."""
+
+    def __init__(self, limit_s: float, grace_s: float = 10.0) -> None:
+        self.limit_s, self.grace_s = limit_s, grace_s
+        self.last = time.monotonic()
+        self.cell: tuple[int, str] | None = None  # (index in the executed notebook, first source line)
+        self.fired: tuple[int, str] | None = None  # the cell found silent, once that happened
+        self._stop = threading.Event()
+
+    def touch(self) -> None:
+        """Activity seen (any iopub message of the running cell)."""
+        self.last = time.monotonic()
+
+    def cell_started(self, cell, cell_index: int, **_: object) -> None:
+        """nbclient's on_cell_start hook."""
+        lines = (cell.source or "").strip().splitlines()
+        self.cell = (cell_index, lines[0][:80] if lines else "")
+        self.touch()
+
+    def watch(self, kernel_pid: int | None) -> None:
+        """The watchdog loop (runs in a thread until `stop()`)."""
+        poll = min(1.0, self.limit_s / 4)
+        interrupted_at = None
+        while not self._stop.wait(poll):
+            silent = time.monotonic() - self.last
+            if self.fired is None and silent > self.limit_s and self.cell is not None:
+                self.fired = self.cell
+                interrupted_at = self.last
+                _signal(kernel_pid, signal.SIGINT)
+            elif self.fired is not None and interrupted_at == self.last and silent > self.limit_s + self.grace_s:
+                _signal(kernel_pid, signal.SIGKILL)  # the interrupt produced nothing: the kernel is stuck
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _signal(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _watched_engine(watch: SilenceWatch) -> str:
+    """Register (once per watch) a papermill engine whose nbclient reports every kernel message to `watch`."""
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
+    from papermill.log import logger
+    from papermill.utils import remove_args
+
+    class WatchedClient(PapermillNotebookClient):
+        def process_message(self, *args, **kwargs):
+            watch.touch()
+            return super().process_message(*args, **kwargs)
+
+        def papermill_execute_cells(self):
+            provisioner = getattr(self.km, "provisioner", None)
+            thread = threading.Thread(target=watch.watch, args=(getattr(provisioner, "pid", None),), daemon=True)
+            thread.start()
+            try:
+                super().papermill_execute_cells()
+            finally:
+                watch.stop()
+                thread.join()
+
+    class WatchedEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
+                                     stderr_file=None, start_timeout=60, execution_timeout=None, **kwargs):
+            # as papermill's NBClientEngine, with the watched client
+            kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
+            return WatchedClient(nb_man, timeout=execution_timeout, startup_timeout=start_timeout,
+                                 kernel_name=kernel_name, log=logger, log_output=log_output, stdout_file=stdout_file,
+                                 stderr_file=stderr_file, on_cell_start=watch.cell_started, **kwargs).execute()
+
+    papermill_engines.register("cglib-watched", WatchedEngine)
+    return "cglib-watched"
+
+
+@contextmanager
+def headless_kernels() -> Iterator[None]:
+    """Kernels started inside get CGLIB_HEADLESS=1, unless the user set the variable (then theirs wins)."""
+    if HEADLESS_ENV in os.environ:
+        yield
+        return
+    os.environ[HEADLESS_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(HEADLESS_ENV, None)
+
+
+def execute_notebook(notebook: Path, output: Path, parameters: dict, kernel: str, timeout_s: int,
+                     silence_s: int, cwd: Path | None = None) -> None:
+    """Run one notebook headless with papermill; a silent cell (no message for `silence_s`) raises `CellSilent`."""
+    import papermill
+
+    watch = SilenceWatch(silence_s) if silence_s > 0 else None
+    with headless_kernels():
+        try:
+            papermill.execute_notebook(
+                str(notebook), str(output), kernel_name=kernel, cwd=str(cwd or notebook.parent),
+                parameters=parameters, execution_timeout=timeout_s, progress_bar=True,
+                request_save_on_cell_execute=True, coalesce_streams=True,
+                engine_name=_watched_engine(watch) if watch else None)
+        except Exception as exc:  # whatever the kernel did after the interrupt: re-raised unless silent
+            if watch is not None and watch.fired is not None:
+                index, first_line = watch.fired
+                raise CellSilent(f"cell {index} [{first_line}]: no output for {silence_s} s (run.cell_silence_s), "
+                                 f"so the kernel was interrupted; a hang (e.g. a widget waiting for a front end) or "
+                                 f"a long silent computation: if the cell is just slow, raise run.cell_silence_s "
+                                 f"(0 = off)") from exc
+            raise
+
+
 def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list[Path],
                kernel: str = DEFAULT_KERNEL, log=print) -> list[NotebookResult]:
     """Execute `notebooks` in order into `run_dir/notebooks/`; write run.json after each; stop at a failure."""
-    import papermill
-
     run_dir.mkdir(parents=True, exist_ok=True)
     executed_dir = run_dir / "notebooks"
     executed_dir.mkdir(exist_ok=True)
@@ -126,27 +258,36 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
                         total_s=round(sum(r.duration_s for r in results), 2))
         write_json(run_dir / "run.json", manifest)
 
+    try:
+        _run_each(notebooks, executed_dir, params, params_path, run_dir, kernel, results, save, log)
+    except KeyboardInterrupt:
+        save("interrupted")
+        raise
+    save("ok")
+    return results
+
+
+def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_path: Path, run_dir: Path,
+              kernel: str, results: list[NotebookResult], save, log) -> None:
     for index, notebook in enumerate(notebooks, start=1):
         output = executed_dir / notebook.name
         log(f"[{index}/{len(notebooks)}] {notebook.name}")
         t0 = time.perf_counter()
         try:
-            papermill.execute_notebook(
-                str(notebook), str(output), kernel_name=kernel, cwd=str(notebook.parent),
-                parameters={"params_path": str(params_path.resolve()), "run_dir": str(run_dir.resolve())},
-                execution_timeout=params.run.cell_timeout_s, progress_bar=True, request_save_on_cell_execute=True)
+            execute_notebook(notebook, output, {"params_path": str(params_path.resolve()),
+                                                "run_dir": str(run_dir.resolve())},
+                             kernel, params.run.cell_timeout_s, params.run.cell_silence_s)
         except Exception as exc:  # noqa: BLE001 - PapermillExecutionError, nbclient timeouts, DeadKernelError
-            summary = _failure_summary(exc)
+            summary = str(exc) if isinstance(exc, CellSilent) else _failure_summary(exc)
             results.append(NotebookResult(notebook.name, "failed", time.perf_counter() - t0, str(output), summary))
             save("failed")
             raise NotebookFailed(f"{notebook.name} failed at {summary}\n  executed notebook: {output}") from None
         results.append(NotebookResult(notebook.name, "ok", time.perf_counter() - t0, str(output)))
         log(f"    done in {results[-1].duration_s:.1f} s")
         save("running")
-    save("ok")
-    return results
 
 
 def default_notebook_dir() -> Path:
     """The repository's `notebooks/` folder."""
     return REPO_ROOT / "notebooks"
+

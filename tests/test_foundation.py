@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -287,3 +288,26 @@ def test_params_defaults_are_valid():
     assert parsed["run"].pop("output_dir") == REPO / "outputs"
     defaults["run"].pop("output_dir")
     assert parsed == defaults
+
+
+@pytest.mark.slow
+def test_runner_reports_a_silent_cell_as_hung_naming_it(tmp_path, capsys):
+    """A cell that sends nothing for longer than run.cell_silence_s is reported within seconds, naming the
+    notebook and the cell, while run.cell_timeout_s (an hour) would still be waiting; a cell that keeps
+    printing is not silent however long it runs."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    chatty = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)"
+    _notebook(nbdir / "01_chatty.ipynb", [chatty])
+    _notebook(nbdir / "02_stuck.ipynb", ["x = 1", "import time\ntime.sleep(600)  # silent"])
+    params = write_yaml(tmp_path / "p.yaml", "run:\n  name: stuck\n  cell_silence_s: 3\n  cell_timeout_s: 3600\n")
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 1
+    assert time.perf_counter() - t0 < 90
+    err = capsys.readouterr().err
+    assert "02_stuck.ipynb failed at cell 3 [import time]: no output for 3 s (run.cell_silence_s)" in err
+    manifest = json.loads((out / "run.json").read_text())
+    assert [n["status"] for n in manifest["notebooks"]] == ["ok", "failed"]
+    assert "run.cell_silence_s" in manifest["notebooks"][1]["error"]
+

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from cglib.data.dataset import CaptionDataset, ImageLoadError
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 
 logger = logging.getLogger(__name__)
 

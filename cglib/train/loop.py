@@ -52,12 +52,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 from cglib import losses
 from cglib.config import Params, TrainRunParams
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, build_image_cache, open_image_cache
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.models import (
     ClipModel,
