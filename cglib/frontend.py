@@ -4,9 +4,12 @@ The headless rule (`headless()`), first match wins:
 
 1. `CGLIB_HEADLESS` in the environment: `1`/`true`/`yes` forces headless, `0`/`false`/`no` forces live
    widgets. `cglib run` sets `CGLIB_HEADLESS=1` for its kernels unless the variable is already set.
-2. Inside a Jupyter kernel, the request being executed: Jupyter front ends (JupyterLab 3+, Notebook 7,
-   VS Code) tag every execute request with the cell's id (`cellId` metadata); nbclient, which papermill and
-   `jupyter nbconvert --execute` use, sends none. A request without `cellId` is headless.
+2. Inside a Jupyter kernel, the request being executed: JupyterLab (3 and later) and Notebook 7 tag every
+   execute request with the cell's id (`cellId` metadata); nbclient, which papermill and
+   `jupyter nbconvert --execute` use, sends none. A request without `cellId` is headless. A front end that
+   sends no `cellId` (classic Notebook 6, possibly others) therefore gets the static view: set
+   `CGLIB_HEADLESS=0` (in the kernel's environment, or `%env CGLIB_HEADLESS=0` in a cell) or pass
+   `interactive=True` for the widgets.
 3. Outside a kernel (plain Python, pytest, terminal IPython): live. No kernel means no comm can be opened,
    so widgets built there cannot block anything, and their objects stay inspectable.
 
