@@ -295,7 +295,7 @@ def test_params_defaults_are_valid():
 def test_runner_reports_a_silent_cell_as_hung_naming_it(tmp_path, capsys):
     """A cell that sends nothing for longer than run.cell_silence_s is reported within seconds, naming the
     notebook and the cell, while run.cell_timeout_s (an hour) would still be waiting; a cell that keeps
-    printing is not silent however long it runs."""
+    printing is not silent however long it runs; a kernel deaf to the interrupt is killed and reported too."""
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     chatty = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)"
@@ -311,6 +311,13 @@ def test_runner_reports_a_silent_cell_as_hung_naming_it(tmp_path, capsys):
     manifest = json.loads((out / "run.json").read_text())
     assert [n["status"] for n in manifest["notebooks"]] == ["ok", "failed"]
     assert "run.cell_silence_s" in manifest["notebooks"][1]["error"]
+    # a kernel that ignores the interrupt (or is idle while the client waits) is killed after a grace period
+    ignore = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)"
+    _notebook(nbdir / "03_deaf.ipynb", [ignore])
+    t0 = time.perf_counter()
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out), "--only", "03"]) == 1
+    assert time.perf_counter() - t0 < 90
+    assert "03_deaf.ipynb failed at cell 2 [import signal, time]: no output for 3 s" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- run summary, status
