@@ -1,6 +1,9 @@
 """`cglib` command line: validate params, run the notebook series, regenerate figures, download data.
 
-Exit codes: 0 success, 1 a step failed, 2 bad input (params, arguments).
+Exit codes: 0 success, 1 a step failed, 2 bad input (params, arguments, not a run directory),
+3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
+4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
+5 `status`: the run is still running.
 """
 
 from __future__ import annotations
@@ -41,10 +44,57 @@ def _run(args: argparse.Namespace) -> int:
         results = run_series(params, Path(args.params), run_dir, notebooks, kernel=args.kernel)
     except NotebookFailed as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
+        _print_summary(run_dir, file=sys.stderr)
         return 1
     total = sum(r.duration_s for r in results)
     print(f"Finished {len(results)} notebooks in {total:.0f} s; manifest {run_dir / 'run.json'}")
+    lost = _print_summary(run_dir)
+    if args.strict and lost:
+        print(f"STRICT: {lost} items were skipped or failed (listed above); exit 3", file=sys.stderr)
+        return 3
     return 0
+
+
+def _print_summary(run_dir: Path, file=None) -> int:
+    """Print the per-stage summary stored in run.json; returns the number of skipped or failed items."""
+    from cglib.pipeline import run_status, summary_lines
+
+    file = file or sys.stdout
+    manifest = run_status(run_dir)
+    stages = manifest.get("summary") or {}
+    if stages:
+        print("Summary (kept / skipped / failed per stage):", file=file)
+        for line in summary_lines(stages):
+            print(line, file=file)
+    return int(manifest.get("skipped_or_failed") or 0)
+
+
+STATUS_EXIT = {"ok": 0, "failed": 1, "interrupted": 4, "running": 5}
+
+
+def _status(args: argparse.Namespace) -> int:
+    from cglib.pipeline import run_status, stage_summaries, summary_lines
+
+    run_dir = Path(args.run_dir)
+    try:
+        manifest = run_status(run_dir)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    status = manifest.get("status", "unknown")
+    runner = manifest.get("runner") or {}
+    where = f" (runner PID {runner['pid']} on {runner['host']})" if runner.get("pid") else ""
+    print(f"{run_dir}: {status}{where}; started {manifest.get('started')}")
+    for nb in manifest.get("notebooks", []):
+        print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s" +
+              (f"  {nb['error']}" if nb.get("error") else ""))
+    stages = manifest.get("summary") or stage_summaries(run_dir)  # a run still going: read the stages now
+    for line in summary_lines(stages):
+        print(line)
+    if status == "interrupted":
+        print(f"the runner is gone: resume with `cglib run {manifest.get('params_file', 'PARAMS')} --out {run_dir}`"
+              " (add --from NN to skip finished notebooks)")
+    return STATUS_EXIT.get(status, 1)
 
 
 def _figures(args: argparse.Namespace) -> int:
@@ -97,7 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default="cglib", help="Jupyter kernel name (registered for this Python if missing)")
     p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
     p.add_argument("--no-check-paths", action="store_true")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when any item was skipped or failed in any stage (see the summary printed at the end)")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("status", help="a run's status (ok, failed, running, or interrupted when its runner is "
+                       "gone), notebooks and per-stage summary; exit 0 ok, 1 failed, 2 not a run, 4 interrupted, "
+                       "5 running")
+    p.add_argument("run_dir")
+    p.set_defaults(func=_status)
 
     p = sub.add_parser("figures", help="rebuild every figure of a finished run without retraining")
     p.add_argument("run_dir")

@@ -34,6 +34,9 @@ class RunParams(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device; auto picks cuda when present.")
     output_dir: Path = Field(Path("outputs"), description="Parent folder of run directories (relative to the repo root).")
     cell_timeout_s: int = Field(3600, gt=0, description="Per-cell timeout for headless notebook runs (seconds).")
+    cell_silence_s: int = Field(
+        900, ge=0, description="Headless runs: a cell that sends no output (prints, bars, figures) for this long is "
+        "reported as hung by notebook and cell and its kernel interrupted; 0 = off (seconds).")
     threads: int = Field(0, ge=0, description="Torch/faiss CPU threads; 0 = all cores.")
 
 

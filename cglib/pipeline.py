@@ -4,13 +4,31 @@ Every notebook gets two parameters, the params file path and the run directory, 
 previous ones wrote under `outputs/<run>/`. Executed notebooks go to `<run>/notebooks/`, and `<run>/run.json`
 records params, git commit, package versions and each notebook's status and duration. A failing cell stops
 the series and is reported by notebook, cell and exception.
+
+Kernels of a run get `CGLIB_HEADLESS=1` (unless already set), so explorers render statically and open no widget
+comm, and progress bars are text bars left at their final count (`cglib.frontend`). A cell that sends nothing
+for `run.cell_silence_s` is treated as hung: its kernel is interrupted (killed if that does not help) and the
+run fails naming the notebook and the cell, instead of waiting for `run.cell_timeout_s`.
+
+At the end (finished or failed) run.json gets `summary`: per stage, what it kept, skipped by reason and failed
+by reason, read from the files the stages write (`stage_summaries`), and `skipped_or_failed`, their total
+(`cglib run --strict` exits 3 when it is not 0). run.json also records the runner (`pid`, `host`, process
+start time), so `cglib status RUN_DIR` shows a run left "running" by a killed runner as `interrupted`.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import socket
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from cglib.config import Params
+from cglib.frontend import HEADLESS_ENV
 from cglib.run import REPO_ROOT, provenance, write_json
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
@@ -26,6 +45,10 @@ DEFAULT_KERNEL = "cglib"
 
 class NotebookFailed(RuntimeError):
     """A notebook of the series raised; the message names the notebook, the cell and the exception."""
+
+
+class CellSilent(RuntimeError):
+    """A cell sent nothing for longer than `run.cell_silence_s`; the message names the cell."""
 
 
 @dataclass
@@ -97,20 +120,143 @@ def _same_python(executable: str) -> bool:
 
 
 def _failure_summary(exc: Exception) -> str:
-    """One readable line from a PapermillExecutionError (cell number, exception name and value)."""
+    """One readable line from a PapermillExecutionError (cell number, exception name and value), secrets redacted.
+
+    The line goes to the terminal and run.json, so a key that any library put into an exception message
+    (not only the LLM layer's, which redacts its own) is removed here too.
+    """
+    from cglib.llm.base import redact
+
     cell = getattr(exc, "exec_count", None)
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = getattr(exc, "evalue", str(exc))
     source = (getattr(exc, "source", "") or "").strip().splitlines()
     first_line = f" [{source[0][:80]}]" if source else ""
-    return f"cell In [{cell}]{first_line}: {ename}: {evalue}"
+    return redact(f"cell In [{cell}]{first_line}: {ename}: {evalue}")
+
+
+class SilenceWatch:
+    """Watches one notebook's execution: every kernel message resets the clock; after `limit_s` of silence in a
+    cell it interrupts the kernel (SIGINT), and kills it if still silent `grace_s` later."""
+
+    def __init__(self, limit_s: float, grace_s: float = 10.0) -> None:
+        self.limit_s, self.grace_s = limit_s, grace_s
+        self.last = time.monotonic()
+        self.cell: tuple[int, str] | None = None  # (index in the executed notebook, first source line)
+        self.fired: tuple[int, str] | None = None  # the cell found silent, once that happened
+        self._stop = threading.Event()
+
+    def touch(self) -> None:
+        """Activity seen (any iopub message of the running cell)."""
+        self.last = time.monotonic()
+
+    def cell_started(self, cell, cell_index: int, **_: object) -> None:
+        """nbclient's on_cell_start hook."""
+        lines = (cell.source or "").strip().splitlines()
+        self.cell = (cell_index, lines[0][:80] if lines else "")
+        self.touch()
+
+    def watch(self, kernel_pid: int | None) -> None:
+        """The watchdog loop (runs in a thread until `stop()`)."""
+        poll = min(1.0, self.limit_s / 4)
+        interrupted_at = None
+        while not self._stop.wait(poll):
+            silent = time.monotonic() - self.last
+            if self.fired is None and silent > self.limit_s and self.cell is not None:
+                self.fired = self.cell
+                interrupted_at = self.last
+                _signal(kernel_pid, signal.SIGINT)
+            elif self.fired is not None and interrupted_at == self.last and silent > self.limit_s + self.grace_s:
+                _signal(kernel_pid, signal.SIGKILL)  # the interrupt produced nothing: the kernel is stuck
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _signal(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _watched_engine(watch: SilenceWatch) -> str:
+    """Register (once per watch) a papermill engine whose nbclient reports every kernel message to `watch`."""
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
+    from papermill.log import logger
+    from papermill.utils import remove_args
+
+    class WatchedClient(PapermillNotebookClient):
+        def process_message(self, *args, **kwargs):
+            watch.touch()
+            return super().process_message(*args, **kwargs)
+
+        def papermill_execute_cells(self):
+            provisioner = getattr(self.km, "provisioner", None)
+            thread = threading.Thread(target=watch.watch, args=(getattr(provisioner, "pid", None),), daemon=True)
+            thread.start()
+            try:
+                super().papermill_execute_cells()
+            finally:
+                watch.stop()
+                thread.join()
+
+    class WatchedEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
+                                     stderr_file=None, start_timeout=60, execution_timeout=None, **kwargs):
+            # as papermill's NBClientEngine, with the watched client
+            kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
+            return WatchedClient(nb_man, timeout=execution_timeout, startup_timeout=start_timeout,
+                                 kernel_name=kernel_name, log=logger, log_output=log_output, stdout_file=stdout_file,
+                                 stderr_file=stderr_file, on_cell_start=watch.cell_started, **kwargs).execute()
+
+    papermill_engines.register("cglib-watched", WatchedEngine)
+    return "cglib-watched"
+
+
+@contextmanager
+def headless_kernels() -> Iterator[None]:
+    """Kernels started inside get CGLIB_HEADLESS=1, unless the user set the variable (then theirs wins)."""
+    if HEADLESS_ENV in os.environ:
+        yield
+        return
+    os.environ[HEADLESS_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(HEADLESS_ENV, None)
+
+
+def execute_notebook(notebook: Path, output: Path, parameters: dict, kernel: str, timeout_s: int,
+                     silence_s: int, cwd: Path | None = None) -> None:
+    """Run one notebook headless with papermill; a silent cell (no message for `silence_s`) raises `CellSilent`."""
+    import papermill
+
+    watch = SilenceWatch(silence_s) if silence_s > 0 else None
+    with headless_kernels():
+        try:
+            papermill.execute_notebook(
+                str(notebook), str(output), kernel_name=kernel, cwd=str(cwd or notebook.parent),
+                parameters=parameters, execution_timeout=timeout_s, progress_bar=True,
+                request_save_on_cell_execute=True, coalesce_streams=True,
+                engine_name=_watched_engine(watch) if watch else None)
+        except Exception as exc:  # whatever the kernel did after the interrupt: re-raised unless silent
+            if watch is not None and watch.fired is not None:
+                index, first_line = watch.fired
+                raise CellSilent(f"cell {index} [{first_line}]: no output for {silence_s} s (run.cell_silence_s), "
+                                 f"so the kernel was interrupted; a hang (e.g. a widget waiting for a front end) or "
+                                 f"a long silent computation: if the cell is just slow, raise run.cell_silence_s "
+                                 f"(0 = off)") from exc
+            raise
 
 
 def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list[Path],
                kernel: str = DEFAULT_KERNEL, log=print) -> list[NotebookResult]:
     """Execute `notebooks` in order into `run_dir/notebooks/`; write run.json after each; stop at a failure."""
-    import papermill
-
     run_dir.mkdir(parents=True, exist_ok=True)
     executed_dir = run_dir / "notebooks"
     executed_dir.mkdir(exist_ok=True)
@@ -119,34 +265,198 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     results: list[NotebookResult] = []
     manifest = provenance(params, params_file=str(params_path.resolve()), run_dir=str(run_dir.resolve()),
-                          kernel=kernel, started=started)
+                          kernel=kernel, started=started, runner=runner_identity())
 
     def save(status: str) -> None:
         manifest.update(status=status, notebooks=[r.as_dict() for r in results],
                         total_s=round(sum(r.duration_s for r in results), 2))
+        if status != "running":  # the end of the run: what every stage kept, skipped and failed
+            manifest["summary"] = stage_summaries(run_dir)
+            manifest["skipped_or_failed"] = losses(manifest["summary"])
         write_json(run_dir / "run.json", manifest)
 
+    save("running")  # from the start, so `cglib status` sees a run whose runner was killed early
+    try:
+        _run_each(notebooks, executed_dir, params, params_path, run_dir, kernel, results, save, log)
+    except KeyboardInterrupt:
+        save("interrupted")
+        raise
+    save("ok")
+    return results
+
+
+def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_path: Path, run_dir: Path,
+              kernel: str, results: list[NotebookResult], save, log) -> None:
     for index, notebook in enumerate(notebooks, start=1):
         output = executed_dir / notebook.name
         log(f"[{index}/{len(notebooks)}] {notebook.name}")
         t0 = time.perf_counter()
         try:
-            papermill.execute_notebook(
-                str(notebook), str(output), kernel_name=kernel, cwd=str(notebook.parent),
-                parameters={"params_path": str(params_path.resolve()), "run_dir": str(run_dir.resolve())},
-                execution_timeout=params.run.cell_timeout_s, progress_bar=True, request_save_on_cell_execute=True)
+            execute_notebook(notebook, output, {"params_path": str(params_path.resolve()),
+                                                "run_dir": str(run_dir.resolve())},
+                             kernel, params.run.cell_timeout_s, params.run.cell_silence_s)
         except Exception as exc:  # noqa: BLE001 - PapermillExecutionError, nbclient timeouts, DeadKernelError
-            summary = _failure_summary(exc)
+            summary = str(exc) if isinstance(exc, CellSilent) else _failure_summary(exc)
             results.append(NotebookResult(notebook.name, "failed", time.perf_counter() - t0, str(output), summary))
             save("failed")
             raise NotebookFailed(f"{notebook.name} failed at {summary}\n  executed notebook: {output}") from None
         results.append(NotebookResult(notebook.name, "ok", time.perf_counter() - t0, str(output)))
         log(f"    done in {results[-1].duration_s:.1f} s")
         save("running")
-    save("ok")
-    return results
 
 
 def default_notebook_dir() -> Path:
     """The repository's `notebooks/` folder."""
     return REPO_ROOT / "notebooks"
+
+
+# ------------------------------------------------------------------------------------------ run summary
+def _read_json(path: Path) -> dict | None:
+    """A stage's JSON file, or None when the stage has not written it (or it is unreadable)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _counts(mapping: dict | None) -> dict[str, int]:
+    """reason -> count, dropping zeros."""
+    return {str(k): int(v) for k, v in (mapping or {}).items() if isinstance(v, (int, float)) and v}
+
+
+def _merge(*mappings: dict[str, int]) -> dict[str, int]:
+    total: Counter = Counter()
+    for m in mappings:
+        total.update(m)
+    return dict(sorted(total.items()))
+
+
+def llm_accounting(summary: dict, chains_path: Path | None = None) -> dict:
+    """The abstraction engine's items: answered from the cache, or sent to the backend and then succeeded or
+    failed. `succeeded` is counted from chains.jsonl when given (an image that failed at level k succeeded at
+    levels 1..k-1), so `sent == succeeded + failed` is a real check of the accounting, not an identity."""
+    cache = summary.get("cache") or {}
+    hits, failure_hits, sent = (int(cache.get(k, 0)) for k in ("hits", "failure_hits", "misses"))
+    failed = sum(_counts(summary.get("failures_by_reason")).values()) - failure_hits
+    succeeded = sent - failed
+    if chains_path is not None and chains_path.is_file():
+        levels = int(summary.get("levels") or 0)
+        ok_items = 0
+        for line in chains_path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else None
+            if row:
+                ok_items += levels if row.get("status") == "ok" else max(int(row.get("failed_level") or 1) - 1, 0)
+        succeeded = ok_items - hits
+    return {"items": int(summary.get("items", 0)), "cache_hits": hits, "cache_failure_hits": failure_hits,
+            "sent": sent, "succeeded": succeeded, "failed": failed, "balanced": sent == succeeded + failed,
+            "requests": summary.get("requests"), "cost_usd": summary.get("cost_usd")}
+
+
+def stage_summaries(run_dir: Path) -> dict[str, dict]:
+    """Per stage that has run: what it kept, skipped by reason and failed by reason, read from the files the
+    stages write (captions/summary.json, abstraction/summary.json + chains.jsonl, magic/stats.json,
+    training/*/summary.json, evaluation/results.json)."""
+    run_dir = Path(run_dir)
+    out: dict[str, dict] = {}
+    captions = _read_json(run_dir / "captions" / "summary.json")
+    if captions:
+        stats = captions.get("statistics") or {}
+        out["captions"] = {"kept": stats.get("images"), "unit": "images", "skipped": _counts(stats.get("skipped")),
+                           "failed": {}}
+    abstraction = _read_json(run_dir / "abstraction" / "summary.json")
+    if abstraction:
+        out["abstraction"] = {"kept": abstraction.get("chains"), "unit": "images with a full chain", "skipped": {},
+                              "failed": _counts(abstraction.get("failed_images_by_reason")),
+                              "llm": llm_accounting(abstraction, run_dir / "abstraction" / "chains.jsonl")}
+        if abstraction.get("status") not in (None, "complete"):
+            out["abstraction"]["failed"]["stopped: " + str(abstraction.get("error", ""))[:120]] = 1
+    magic = (_read_json(run_dir / "magic" / "stats.json") or {}).get("stats")
+    if magic:
+        generalization = magic.get("generalization") or {}
+        removed = {"removed with a group below magic.size_min": magic.get("removed_images", 0)}
+        out["magic"] = {"kept": magic.get("images"), "unit": "images in the DAG",
+                        "skipped": _merge(_counts(magic.get("skipped_before_dag")), _counts(removed)),
+                        "failed": {f"generalization (original captions kept): {k}": v
+                                   for k, v in _counts(generalization.get("failure_reasons")).items()}}
+    trained = [s for s in (_read_json(p) for p in sorted((run_dir / "training").glob("*/summary.json"))) if s]
+    if trained:
+        out["training"] = {"kept": len(trained), "unit": "models trained",
+                           "skipped": _merge(*(_counts((s.get("image_cache") or {}).get("skipped")) for s in trained)),
+                           "failed": {}}
+    results = _read_json(run_dir / "evaluation" / "results.json")
+    if results:
+        info = results.get("info", results)
+        items = info.get("items") or {}
+        hierarcaps = info.get("hierarcaps") or {}
+        out["evaluation"] = {"kept": items.get("n_test_images"), "unit": "test images",
+                             "skipped": _merge(_counts(items.get("skipped_images")),
+                                               {f"hierarcaps: {k}": v for k, v in _counts(hierarcaps.get("skipped")).items()}),
+                             "failed": {}}
+    return out
+
+
+def summary_lines(stages: dict[str, dict]) -> list[str]:
+    """One terminal line per stage: kept, skipped by reason, failed by reason (and the LLM accounting)."""
+    def reasons(counts: dict[str, int]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in counts.items()) if counts else ""
+
+    lines = []
+    for stage, s in stages.items():
+        skipped, failed = sum(s["skipped"].values()), sum(s["failed"].values())
+        line = f"  {stage:12s} kept {s['kept']} {s['unit']}; skipped {skipped}"
+        line += f" ({reasons(s['skipped'])})" if skipped else ""
+        line += f"; failed {failed}" + (f" ({reasons(s['failed'])})" if failed else "")
+        llm = s.get("llm")
+        if llm:
+            line += (f"; LLM items: {llm['cache_hits']} cached, sent {llm['sent']} = {llm['succeeded']} succeeded "
+                     f"+ {llm['failed']} failed" + ("" if llm["balanced"] else " (DOES NOT ADD UP)"))
+        lines.append(line)
+    return lines
+
+
+def losses(stages: dict[str, dict]) -> int:
+    """Items skipped or failed over all stages (what --strict turns into a non-zero exit)."""
+    return sum(sum(s["skipped"].values()) + sum(s["failed"].values()) for s in stages.values())
+
+
+# ----------------------------------------------------------------------------------------- run status
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of a process (Linux /proc), which tells a reused PID from the original."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def runner_identity() -> dict:
+    """Who runs the series: PID, host and process start time (recorded in run.json)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid())}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def run_status(run_dir: Path) -> dict:
+    """run.json with its status as of now: a "running" run whose runner PID is gone on this host is
+    "interrupted" (another host's run cannot be checked and stays "running")."""
+    manifest = _read_json(Path(run_dir) / "run.json")
+    if manifest is None:
+        raise FileNotFoundError(f"{Path(run_dir) / 'run.json'} not found or unreadable: not a run directory "
+                                "(pass outputs/<run> of a `cglib run`)")
+    runner = manifest.get("runner") or {}
+    pid = runner.get("pid")
+    if manifest.get("status") == "running" and runner.get("host") == socket.gethostname() and isinstance(pid, int):
+        gone = not _pid_alive(pid)
+        recorded, current = runner.get("process_start"), _process_start(pid)
+        reused = recorded is not None and current is not None and recorded != current
+        if gone or reused:
+            manifest["status"] = "interrupted"
+    return manifest

@@ -33,6 +33,7 @@ import numpy as np
 import yaml
 
 from cglib.config import Params, load_params
+from cglib.frontend import text_bars_if_headless
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +87,7 @@ def open_run(params_path: str | Path, run_dir: str | Path | None = None, check_p
     (directory / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
     seed_everything(params.run.seed)
     set_threads(params.run.threads)
+    text_bars_if_headless()  # no library widget bar (a widget comm) in a headless run
     return RunContext(params=params, dir=directory, params_path=Path(params_path))
 
 

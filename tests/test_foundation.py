@@ -6,9 +6,11 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 import tomllib
 import yaml
@@ -287,3 +289,148 @@ def test_params_defaults_are_valid():
     assert parsed["run"].pop("output_dir") == REPO / "outputs"
     defaults["run"].pop("output_dir")
     assert parsed == defaults
+
+
+@pytest.mark.slow
+def test_runner_reports_a_silent_cell_as_hung_naming_it(tmp_path, capsys):
+    """A cell that sends nothing for longer than run.cell_silence_s is reported within seconds, naming the
+    notebook and the cell, while run.cell_timeout_s (an hour) would still be waiting; a cell that keeps
+    printing is not silent however long it runs; a kernel deaf to the interrupt is killed and reported too."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    chatty = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)"
+    _notebook(nbdir / "01_chatty.ipynb", [chatty])
+    _notebook(nbdir / "02_stuck.ipynb", ["x = 1", "import time\ntime.sleep(600)  # silent"])
+    params = write_yaml(tmp_path / "p.yaml", "run:\n  name: stuck\n  cell_silence_s: 3\n  cell_timeout_s: 3600\n")
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 1
+    assert time.perf_counter() - t0 < 90
+    err = capsys.readouterr().err
+    assert "02_stuck.ipynb failed at cell 3 [import time]: no output for 3 s (run.cell_silence_s)" in err
+    manifest = json.loads((out / "run.json").read_text())
+    assert [n["status"] for n in manifest["notebooks"]] == ["ok", "failed"]
+    assert "run.cell_silence_s" in manifest["notebooks"][1]["error"]
+    # a kernel that ignores the interrupt (or is idle while the client waits) is killed after a grace period
+    ignore = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)"
+    _notebook(nbdir / "03_deaf.ipynb", [ignore])
+    t0 = time.perf_counter()
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out), "--only", "03"]) == 1
+    assert time.perf_counter() - t0 < 90
+    assert "03_deaf.ipynb failed at cell 2 [import signal, time]: no output for 3 s" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- run summary, status
+def test_llm_accounting_adds_up_on_a_faulty_server(tmp_path, monkeypatch):
+    """Abstraction against an OpenAI-compatible server where two images' replies stay broken: the run summary
+    counts items sent = succeeded + failed, with succeeded counted from chains.jsonl (not by subtraction);
+    a rerun with one new image answers the old ones from the cache (hits and failure hits) and sends 4 items."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fake_openai_server import FakeOpenAIServer
+
+    from cglib.data.dataset import CaptionDataset
+    from cglib.llm import run_abstraction
+    from cglib.pipeline import stage_summaries, summary_lines
+
+    def data(n: int) -> CaptionDataset:
+        caps = {f"img{i}": [f"a dog number {i} on a sofa"] for i in range(n)}
+        caps.update({"bad1": ["[[fault:nonjson*9]] a dog"], "bad2": ["[[fault:missing*9]] a cat"]})
+        return CaptionDataset(source="test", image_ids=list(caps), captions=caps,
+                              pixels=np.zeros((len(caps), 2, 2, 3), dtype=np.uint8))
+
+    monkeypatch.setenv("CGLIB_TEST_OPENAI_KEY", "sk-test-accounting")
+    with FakeOpenAIServer() as server:
+        params = Params.model_validate({"llm": {
+            "backend": "openai", "base_url": server.url, "api_key_env": "CGLIB_TEST_OPENAI_KEY",
+            "backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 5.0, "max_bad_reply_retries": 1}})
+        run_abstraction(data(3), params, tmp_path, progress=False)
+        llm = stage_summaries(tmp_path)["abstraction"]["llm"]
+        assert (llm["sent"], llm["succeeded"], llm["failed"], llm["balanced"]) == (14, 12, 2, True)
+        stage = stage_summaries(tmp_path)["abstraction"]
+        assert stage["kept"] == 3 and stage["failed"] == {"invalid_json": 1, "missing_fields": 1}
+        run_abstraction(data(4), params, tmp_path, progress=False)
+    llm = stage_summaries(tmp_path)["abstraction"]["llm"]
+    assert (llm["cache_hits"], llm["cache_failure_hits"], llm["sent"], llm["succeeded"], llm["failed"]) == \
+        (12, 2, 4, 4, 0)
+    (line,) = summary_lines(stage_summaries(tmp_path))
+    assert "sent 4 = 4 succeeded + 0 failed" in line and "failed 2 (invalid_json: 1, missing_fields: 1)" in line
+
+
+@pytest.mark.slow
+def test_status_reports_running_then_interrupted_after_kill(tmp_path, capsys):
+    """`cglib status`: a run whose runner is alive is running (exit 5); after SIGKILL of the runner (a real
+    subprocess and its kernel) run.json still says "running", and status shows it as interrupted (exit 4)
+    with the PID and host recorded; a finished run is ok (0), a failed one 1, a folder without run.json 2."""
+    import os
+    import signal
+    import socket
+
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "01_quick.ipynb", ["x = 1"])
+    _notebook(nbdir / "02_long.ipynb", ["import time\ntime.sleep(300)"])
+    params = write_yaml(tmp_path / "p.yaml", "run:\n  name: killed\n")
+    out = tmp_path / "run"
+    runner = subprocess.Popen([sys.executable, "-m", "cglib.cli", "run", str(params), "--notebooks", str(nbdir),
+                               "--out", str(out)], start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            manifest = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+            if [n["name"] for n in manifest.get("notebooks", [])] == ["01_quick.ipynb"]:
+                break
+            time.sleep(0.5)
+        assert manifest["runner"]["pid"] == runner.pid and manifest["runner"]["host"] == socket.gethostname()
+        assert cli_main(["status", str(out)]) == 5
+        assert "running" in capsys.readouterr().out
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)  # the runner and the kernel it started
+        runner.wait()
+    assert json.loads((out / "run.json").read_text())["status"] == "running"  # what the killed runner left
+    assert cli_main(["status", str(out)]) == 4
+    shown = capsys.readouterr().out
+    assert f"interrupted (runner PID {runner.pid} on {socket.gethostname()})" in shown and "cglib run" in shown
+    (tmp_path / "notebooks" / "02_long.ipynb").unlink()
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 0
+    assert cli_main(["status", str(out)]) == 0
+    _notebook(nbdir / "02_broken.ipynb", ["raise ValueError('no')"])
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 1
+    assert cli_main(["status", str(out)]) == 1
+    assert cli_main(["status", str(tmp_path / "notebooks")]) == 2
+
+
+@pytest.mark.slow
+def test_run_ends_with_a_stage_summary_and_strict_exits_3(tmp_path, capsys):
+    """A run whose captions stage drops a duplicate caption (real COCO loader, the statistics notebook 01
+    writes): the terminal's last lines give kept / skipped by reason per stage, run.json stores them, exit 0;
+    with --strict the same run exits 3 and says why."""
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in (1, 2):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(images / f"{i:012d}.jpg")
+    captions = {"images": [{"id": i, "file_name": f"{i:012d}.jpg"} for i in (1, 2)],
+                "annotations": [{"id": 1, "image_id": 1, "caption": "a red square"},
+                                {"id": 2, "image_id": 1, "caption": "a red square"},
+                                {"id": 3, "image_id": 2, "caption": "a darker red square"}]}
+    (tmp_path / "captions.json").write_text(json.dumps(captions))
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    cell = ("from cglib.data.coco import load_coco_captions\nfrom cglib.run import open_run, write_json\n"
+            "from cglib.viz.data_figures import caption_statistics\nrun = open_run(params_path, run_dir)\n"
+            f"ds = load_coco_captions({str(tmp_path / 'captions.json')!r}, {str(images)!r})\n"
+            "write_json(run.stage('captions') / 'summary.json', {'statistics': caption_statistics(ds)})")
+    _notebook(nbdir / "01_captions.ipynb", [cell])
+    params = write_yaml(tmp_path / "p.yaml", "run:\n  name: lossy\n")
+    out = tmp_path / "run"
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == ["Summary (kept / skipped / failed per stage):",
+                            "  captions     kept 2 images; skipped 1 (duplicate caption: 1); failed 0"]
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["summary"]["captions"]["skipped"] == {"duplicate caption": 1}
+    assert manifest["skipped_or_failed"] == 1
+    assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out), "--strict"]) == 3
+    assert "STRICT: 1 items were skipped or failed" in capsys.readouterr().err

@@ -114,3 +114,16 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_bytes(b"\xef\xbb\xbfrun:\n  name: bom\n")
     assert load_params(path).run.name == "bom"
+
+
+def test_runner_failure_line_redacts_keys():
+    """A key inside any notebook exception (not only the LLM layer's) never reaches the terminal or run.json."""
+    from papermill.exceptions import PapermillExecutionError
+
+    from cglib.pipeline import _failure_summary
+
+    exc = PapermillExecutionError(cell_index=3, exec_count=4, source="client.call()", ename="HTTPError",
+                                  evalue="401 for Authorization: Bearer sk-test-0123456789abcdefghij", traceback=[])
+    line = _failure_summary(exc)
+    assert "sk-test-0123456789abcdefghij" not in line
+    assert line.startswith("cell In [4] [client.call()]: HTTPError: 401") and "[REDACTED]" in line

@@ -300,13 +300,14 @@ def test_umap_keeps_well_separated_clusters_apart():
 
 # -------------------------------------------------------------------------------------------- explorer
 def test_explorer_builds_headless_and_retrieves(data, tiny_vit, tiny_clip):
-    """The builder returns a widget; picking a level and concept retrieves top-k images per model, marks hits
+    """Live, the builder wraps a widget; picking a level and concept retrieves top-k images per model, marks hits
     by the DAG chain, and shows the attention of a chosen image."""
     magic, dataset = data
     ids = magic.split_ids("test")
     # tiny_clip's own text tower and tiny_vit's MiniLM tower live in different spaces: each model queries its own
-    explorer = build_explorer({"vit": tiny_vit, "clip": tiny_clip}, magic, ids, dataset.subset(ids).pixels, top_k=3)
-    assert isinstance(explorer, widgets.Widget) and isinstance(explorer, ConceptExplorer)
+    explorer = build_explorer({"vit": tiny_vit, "clip": tiny_clip}, magic, ids, dataset.subset(ids).pixels, top_k=3,
+                              interactive=True)
+    assert isinstance(explorer.widget, widgets.Widget) and isinstance(explorer, ConceptExplorer)
     assert explorer.concept == explorer.concept_box.options[0][1]  # first concept shown at build
     explorer.level.value = 2
     assert explorer.concept.startswith("l2:")
@@ -318,6 +319,26 @@ def test_explorer_builds_headless_and_retrieves(data, tiny_vit, tiny_clip):
     fig = explorer.show_attention("clip", ids[0])
     assert fig.axes[2].get_title() == f"'{magic.nodes[explorer.concept].name}'"
     assert len(explorer.image_box.options) == 6
+    bundle = explorer._repr_mimebundle_()  # live: the widget view for front ends, HTML for every other reader
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.widget.model_id
+    assert bundle["text/html"].count("data:image/png;base64,") == 2
+
+
+def test_explorer_static_mode_builds_no_widget_and_renders_images(data, tiny_vit, monkeypatch):
+    """Headless (forced by CGLIB_HEADLESS=1), the explorer creates no widget at all, yet shows the first concept:
+    its retrieval grid and the first image's attention maps inlined as PNG in HTML, with no widget view."""
+    magic, dataset = data
+    ids = magic.split_ids("test")
+    created: list[widgets.Widget] = []
+    monkeypatch.setattr(widgets.Widget, "_widget_construction_callback", staticmethod(created.append))
+    monkeypatch.setenv("CGLIB_HEADLESS", "1")
+    explorer = build_explorer({"vit": tiny_vit}, magic, ids, dataset.subset(ids).pixels, top_k=3)
+    assert explorer.widget is None and not created
+    assert explorer.concept == explorer.concepts(1)[0][1] and len(explorer.results["vit"]) == 3
+    bundle = explorer._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}
+    assert bundle["text/html"].count("data:image/png;base64,") == 2
+    assert magic.nodes[explorer.concept].id in bundle["text/html"]
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from tqdm.auto import tqdm
+
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 
 logger = logging.getLogger(__name__)
 

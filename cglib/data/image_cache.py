@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from cglib.data.dataset import CaptionDataset, ImageLoadError
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 
 if TYPE_CHECKING:
     from cglib.magic.schema import MagicFile

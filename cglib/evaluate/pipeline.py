@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.evaluate import report
@@ -39,6 +38,7 @@ from cglib.evaluate.gallery import MetricScores, gallery_scores
 from cglib.evaluate.hierarcaps import ROOT_TEXT, hierarchical_metric, in_batch_accuracy, level_retrieval
 from cglib.evaluate.items import CAPTIONS, MagicItems, build_items
 from cglib.evaluate.retrieval import set_faiss_threads
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.magic.schema import load_magic
 from cglib.magic.stats import leakage
 from cglib.models import ClipModel

@@ -115,7 +115,7 @@ def make_backend(params: Params, run_dir: Path, ground_truth: dict[str, list[str
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, unit="item")
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from cglib import losses
 from cglib.config import TrainRunParams
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.models import ClipModel, Towers, encode_texts
 from cglib.run import RunContext, seed_everything
 from cglib.train.batches import GroupBatchData, batch_loader

@@ -2,29 +2,39 @@
 
 The query is the concept's name, as in evaluation (names never appear in captions). A retrieved image is a
 hit when the concept lies on its chain in the DAG (its ancestor at that level). Figures are drawn with
-matplotlib into `Output` widgets, so the explorer also builds (and its methods run) headless.
+matplotlib into `Output` widgets, so the explorer also builds (and its methods run) without a browser.
+Headless runs (papermill, `cglib run`; see `cglib.frontend`) build no widget at all and show a static
+rendering of the first concept (retrieval grid and attention maps as images); live, the widget is shown.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import display
+from IPython.display import Image, display
 from matplotlib.figure import Figure
 
+from cglib.frontend import figure_png, headless, png_img_tag
 from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel, encode_images, encode_texts
 from cglib.viz.attention import extract_attention, overlay, vision_transformer
 
 
-class ConceptExplorer(widgets.VBox):
-    """Level and concept dropdowns -> top-k test images per model; image dropdown -> its attention maps."""
+class ConceptExplorer:
+    """Level and concept dropdowns -> top-k test images per model; image dropdown -> its attention maps.
+
+    Live it is a widget (`.widget`); headless (`interactive=False`, or `headless()` when None) it builds no
+    widget and opens no comm. Displaying it leaves a static rendering of what it shows (HTML with the grid and
+    the attention maps inlined) for readers without a kernel; a live front end shows the widget instead.
+    """
 
     def __init__(self, models: dict[str, ClipModel], magic: MagicFile, image_ids: Sequence[str], pixels: np.ndarray,
-                 top_k: int = 5, image_embeddings: dict[str, np.ndarray] | None = None) -> None:
+                 top_k: int = 5, image_embeddings: dict[str, np.ndarray] | None = None,
+                 interactive: bool | None = None) -> None:
         if not models:
             raise ValueError("the explorer needs at least one model; load them with VizRun.models()")
         if len(pixels) != len(image_ids):
@@ -40,7 +50,18 @@ class ConceptExplorer(widgets.VBox):
         self._row = {image_id: row for row, image_id in enumerate(self.image_ids)}
         self.results: dict[str, list[tuple[str, float, bool]]] = {}
         self.concept: str | None = None
-        self.figure: Figure | None = None  # the last retrieval grid (for static renderings)
+        self.figure: Figure | None = None  # the last retrieval grid
+        self.grid_png: bytes | None = None  # the last retrieval grid and attention figure, for static renderings
+        self.attention_png: bytes | None = None
+        self.interactive = (not headless()) if interactive is None else interactive
+        self.widget: widgets.VBox | None = None
+        if not self.interactive:
+            concepts = self.concepts(1)
+            if concepts:
+                self.show_concept(concepts[0][1])
+                model, hits = next(iter(self.results.items()))
+                self.show_attention(model, hits[0][0])
+            return
 
         self.level = widgets.Dropdown(options=[(f"l{k}", k) for k in range(1, magic.l_max + 1)], value=1,
                                       description="level")
@@ -51,8 +72,8 @@ class ConceptExplorer(widgets.VBox):
         self.level.observe(lambda change: self._fill_concepts(change["new"]), names="value")
         self.concept_box.observe(lambda change: change["new"] and self.show_concept(change["new"]), names="value")
         self.image_box.observe(lambda change: change["new"] and self.show_attention(*change["new"]), names="value")
-        super().__init__([widgets.HBox([self.level, self.concept_box]), self.retrieval_out, self.image_box,
-                          self.attention_out])
+        self.widget = widgets.VBox([widgets.HBox([self.level, self.concept_box]), self.retrieval_out,
+                                    self.image_box, self.attention_out])
         self._fill_concepts(1)
 
     # --------------------------------------------------------------------------------------- logic
@@ -102,10 +123,12 @@ class ConceptExplorer(widgets.VBox):
         fig.suptitle(f"top {self.top_k} test images for '{self.magic.nodes[node].name}' "
                      f"(l{self.magic.nodes[node].level})", fontsize=10)
         fig.tight_layout()
-        self._show(self.retrieval_out, fig)
-        self.figure = fig
-        _select_first(self.image_box, [(f"{model}: {image_id}", (model, image_id))
-                                       for model, hits in self.results.items() for image_id, _, _ in hits])
+        self.figure, self.grid_png = fig, figure_png(fig)
+        if self.widget is not None:
+            self._show(self.retrieval_out, self.grid_png)
+            _select_first(self.image_box, [(f"{model}: {image_id}", (model, image_id))
+                                           for model, hits in self.results.items() for image_id, _, _ in hits])
+        plt.close(fig)
         return fig
 
     def show_attention(self, model: str, image_id: str) -> Figure:
@@ -131,18 +154,42 @@ class ConceptExplorer(widgets.VBox):
             overlay(axes[2], image, heat, title=f"'{name}'")
         fig.suptitle(f"{model}: chain {' > '.join(self.magic.chain_names(image_id))}", fontsize=9)
         fig.tight_layout()
-        self._show(self.attention_out, fig)
+        self.attention_png = figure_png(fig)
+        if self.widget is not None:
+            self._show(self.attention_out, self.attention_png)
+        plt.close(fig)
         return fig
 
     def _fill_concepts(self, level: int) -> None:
         _select_first(self.concept_box, self.concepts(level))
 
     @staticmethod
-    def _show(out: widgets.Output, fig: Figure) -> None:
+    def _show(out: widgets.Output, png: bytes) -> None:
         out.clear_output(wait=True)
         with out:
-            display(fig)
-        plt.close(fig)
+            display(Image(data=png))
+
+    # ------------------------------------------------------------------------------ static rendering
+    def static_html(self) -> str:
+        """What the explorer shows, as self-contained HTML (retrieval grid and attention maps inlined)."""
+        note = ("<p><i>Concept explorer, static view of one concept (pick levels, concepts and images in a live "
+                "Jupyter session).</i></p>")
+        if self.concept is None:
+            return note + "<p>No concept has an image among the explorer's images.</p>"
+        node = self.magic.nodes[self.concept]
+        parts = [note, f"<h4>{html.escape(node.id)}: top {self.top_k} images per model</h4>"]
+        if self.grid_png:
+            parts.append(png_img_tag(self.grid_png, f"retrieval for {node.name}"))
+        if self.attention_png:
+            parts.append(png_img_tag(self.attention_png, "attention maps"))
+        return "<div>" + "".join(parts) + "</div>"
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        bundle = {"text/plain": f"ConceptExplorer(concept={self.concept!r}, models={list(self.models)})",
+                  "text/html": self.static_html()}
+        if self.widget is not None:  # a live front end renders the widget view; others fall back to the HTML
+            bundle.update({k: v for k, v in self.widget._repr_mimebundle_().items() if k != "text/plain"})
+        return bundle
 
 
 def _select_first(box: widgets.Dropdown, options: list) -> None:
@@ -154,6 +201,8 @@ def _select_first(box: widgets.Dropdown, options: list) -> None:
 
 
 def build_explorer(models: dict[str, ClipModel], magic: MagicFile, image_ids: Sequence[str], pixels: np.ndarray,
-                   top_k: int = 5, image_embeddings: dict[str, np.ndarray] | None = None) -> ConceptExplorer:
-    """The concept explorer widget over the given models and (test) images."""
-    return ConceptExplorer(models, magic, image_ids, pixels, top_k=top_k, image_embeddings=image_embeddings)
+                   top_k: int = 5, image_embeddings: dict[str, np.ndarray] | None = None,
+                   interactive: bool | None = None) -> ConceptExplorer:
+    """The concept explorer over the given models and (test) images; `interactive=None` follows `headless()`."""
+    return ConceptExplorer(models, magic, image_ids, pixels, top_k=top_k, image_embeddings=image_embeddings,
+                           interactive=interactive)

@@ -1,0 +1,111 @@
+"""Live Jupyter front end or headless run: how explorers and progress bars decide what to draw.
+
+The headless rule (`headless()`), first match wins:
+
+1. `CGLIB_HEADLESS` in the environment: `1`/`true`/`yes` forces headless, `0`/`false`/`no` forces live
+   widgets. `cglib run` sets `CGLIB_HEADLESS=1` for its kernels unless the variable is already set.
+2. Inside a Jupyter kernel, the request being executed: JupyterLab (3 and later) and Notebook 7 tag every
+   execute request with the cell's id (`cellId` metadata); nbclient, which papermill and
+   `jupyter nbconvert --execute` use, sends none. A request without `cellId` is headless. A front end that
+   sends no `cellId` (classic Notebook 6, possibly others) therefore gets the static view: set
+   `CGLIB_HEADLESS=0` (in the kernel's environment, or `%env CGLIB_HEADLESS=0` in a cell) or pass
+   `interactive=True` for the widgets.
+3. Outside a kernel (plain Python, pytest, terminal IPython): live. No kernel means no comm can be opened,
+   so widgets built there cannot block anything, and their objects stay inspectable.
+
+Headless, the explorers open no widget comm at all (a comm message that no front end answers is a known
+cause of hung headless runs: nbclient #312, papermill #723) and render static HTML and images; progress bars
+are plain text bars that are left at their final count, so an executed notebook never shows a frozen 0%.
+Libraries draw widget bars too (transformers' "Loading weights", sentence-transformers' batches, through
+`tqdm.auto`): `text_bars_if_headless()`, called by `cglib.run.open_run` (the first cell of every notebook),
+points `tqdm.auto` and `tqdm.autonotebook` at the text bar in a headless kernel, so they open no comm either.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import sys
+from typing import Any
+
+HEADLESS_ENV = "CGLIB_HEADLESS"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+HEADLESS_MININTERVAL_S = 2.0  # text bars in saved notebooks: one update every 2 s keeps the file small
+
+
+def headless() -> bool:
+    """Whether no widget front end is attached (see the module docstring for the rule and how to force it)."""
+    forced = os.environ.get(HEADLESS_ENV, "").strip().lower()
+    if forced in _TRUE:
+        return True
+    if forced in _FALSE:
+        return False
+    if forced:
+        raise ValueError(f"{HEADLESS_ENV}={os.environ[HEADLESS_ENV]!r}: use 1 (headless) or 0 (live widgets)")
+    kernel = _kernel()
+    if kernel is None:
+        return False
+    parent = kernel.get_parent() if hasattr(kernel, "get_parent") else getattr(kernel, "_parent_header", {})
+    return "cellId" not in ((parent or {}).get("metadata") or {})
+
+
+def _kernel() -> Any | None:
+    """The running ipykernel, or None outside a kernel."""
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return getattr(shell, "kernel", None) if shell is not None else None
+
+
+def tqdm(*args: Any, **kwargs: Any) -> Any:
+    """A progress bar: `tqdm.auto` (widget bars) in a live session; headless, a plain text bar that is left
+    showing its final count (`leave=True`) and redraws at most every 2 s."""
+    if headless():
+        from tqdm.std import tqdm as text_tqdm
+
+        kwargs["leave"] = True
+        kwargs.setdefault("mininterval", HEADLESS_MININTERVAL_S)
+        return text_tqdm(*args, **kwargs)
+    from tqdm.auto import tqdm as auto_tqdm
+
+    return auto_tqdm(*args, **kwargs)
+
+
+def text_bars_if_headless() -> bool:
+    """Headless: make `tqdm.auto`/`tqdm.autonotebook` text bars for every library that uses them (looked up at
+    call time, as transformers does, or imported after this call) and silence Hugging Face's loading bars;
+    returns whether it did."""
+    if not headless():
+        return False
+    # Hugging Face's own bars ("Loading weights") say nothing about our work and interleave with ours
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    import tqdm.auto
+    import tqdm.autonotebook
+    import tqdm.std
+
+    for module in (tqdm.auto, tqdm.autonotebook):
+        module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
+    return True
+
+
+def figure_png(fig: Any, dpi: int = 90) -> bytes:
+    """A matplotlib figure as PNG bytes (for static renderings that need no kernel)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def png_img_tag(png: bytes, alt: str) -> str:
+    """An <img> tag with the PNG inlined, so the HTML reads without any file beside it."""
+    import html
+
+    return (f'<img alt="{html.escape(alt)}" style="max-width:100%" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"/>')
