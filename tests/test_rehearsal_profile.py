@@ -76,6 +76,25 @@ def test_rehearsal_paths_exist_with_shared_data() -> None:
     load(REHEARSAL, check_paths=True)
 
 
+def test_without_shared_data_the_synthetic_coco_files_stand_in(tmp_path: Path) -> None:
+    """The synthetic world written as COCO files satisfies the rehearsal's paths and loads through its COCO loader
+    and HierarCaps reader with nothing skipped (how the rehearsal runs where ../shared/data is absent)."""
+    from cglib.data.coco_export import write_synthetic_coco
+    from cglib.data.hierarcaps import load_hierarcaps
+    from cglib.data.sources import load_captions
+
+    files = write_synthetic_coco(tmp_path / "data", images_per_concept=2, image_size=32, hierarcaps_per_concept=1)
+    raw = yaml.safe_load(REHEARSAL.read_text(encoding="utf-8"))
+    raw["data"].update(files.data_params())
+    if not HAS_EPOCH:
+        raw["train"].pop("epoch")
+    params = parse_params(raw, REPO, check_paths=True)
+    dataset, truth = load_captions(params)
+    assert truth is None and not dataset.skipped and len(dataset) == files.n_images == 104
+    hc = load_hierarcaps(params.data.hierarcaps_csv, params.data.hierarcaps_images)
+    assert not hc.skipped and len(hc) == 52
+
+
 def test_differs_from_paper_only_where_forced_and_commented() -> None:
     """Every key equal to paper.yaml except the forced ones; each forced difference carries a REHEARSAL comment."""
     rehearsal, paper = flat(load(REHEARSAL)), flat(load(PAPER))
