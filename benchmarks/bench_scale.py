@@ -6,7 +6,8 @@ COCO code path runs (files on disk, decoded by the same loaders as COCO):
     render        make_world (setup: the synthetic world in memory)
     export        write_coco_files (setup: captions JSON + one PNG per image)
     captions      load_coco_captions: parse the JSON, decode-check every image (the 01 stage)
-    abstraction   run_abstraction with the offline backend (MiniLM caption embeddings, cache) (the 02 stage)
+    abstraction   run_abstraction with the offline backend (MiniLM caption embeddings, cache) (the 02 stage);
+                  its l1 names then get LLM-like variety (`llm_like_chains`; --taxonomy-chains keeps the 52)
     dag           align_chains + ConceptDAG.from_chains + concept embeddings + merge_and_remove
     negatives     hard_negatives on every level (faiss)
     split         split_images (80/20 within each l1 node)
@@ -42,6 +43,8 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 COCO_TRAIN_IMAGES = 118_287
 CONCEPTS = 52  # l1 concepts of the shipped taxonomy
@@ -87,9 +90,31 @@ def disk_bytes(*paths: Path) -> int:
     return total
 
 
-def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, threads: int) -> dict:
+ADJECTIVES = ("outdoor", "evening", "crowded", "small", "family", "winter", "summer", "busy", "quiet", "rainy",
+              "morning", "local", "urban", "rural", "festive", "casual", "formal", "chaotic", "relaxed", "sunny",
+              "indoor", "large", "private", "public", "modern", "old", "colorful", "noisy", "cozy", "early", "late",
+              "weekend", "school", "office", "night", "spring", "autumn", "beach", "city", "village")
+
+
+def llm_like_chains(chains: dict[str, list[str]], per_concept: int, seed: int = 0) -> dict[str, list[str]]:
+    """Chains whose l1 names vary as an LLM's do on COCO: '<two modifiers> <l1>', Zipf-distributed.
+
+    The offline backend can only answer the taxonomy's 52 l1 concepts, so its DAG has the same few nodes at
+    every size and the DAG stages would never meet COCO's thousands of small l1 names. Here the number of
+    distinct modifiers grows with the images per concept (up to 1,560), so distinct l1 names grow with n.
+    """
+    rng = np.random.default_rng(seed)
+    vocab = [f"{a} {b}" for a in ADJECTIVES for b in ADJECTIVES if a != b]
+    size = min(len(vocab), max(20, per_concept))
+    weights = 1.0 / np.arange(1, size + 1) ** 1.1
+    picks = rng.choice(size, size=len(chains), p=weights / weights.sum())
+    return {image_id: [f"{vocab[k]} {chains[image_id][0]}", *chains[image_id][1:]]
+            for image_id, k in zip(sorted(chains), picks)}
+
+
+def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, threads: int,
+            llm_like: bool = True) -> dict:
     """All stages at one size in this process; returns the figures (json-ready)."""
-    import numpy as np
     import torch
 
     from cglib.config import Params
@@ -113,6 +138,7 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
                                     "data": {"image_cache_size": cache_size}})
     m = params.magic
     embed_texts(["warm-up"])  # loading MiniLM is a one-off per process, not a stage's cost
+    make_embedder(params)(["warm-up"])
     memory = PeakRSS()
     stages: dict[str, dict] = {}
     info: dict = {}
@@ -146,7 +172,8 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
     with stage("abstraction", run_dir / "abstraction"):
         result = run_abstraction(dataset, params, run_dir, progress=False)
     info["abstraction_failures"] = len(result.failures)
-    chains = result.chains
+    chains = llm_like_chains(result.chains, per_concept) if llm_like else result.chains
+    info["distinct_l1_names"] = len({c[0] for c in chains.values()})
     with stage("dag"):
         usable, _ = align_chains(dataset, chains, m.l_max)
         dag = ConceptDAG.from_chains(usable, m.l_max)
@@ -154,11 +181,15 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
         vectors = {x: by_name[dag.name(x)] for x in dag.graph.nodes}
         merge_and_remove(dag, vectors, m.size_min, m.sim_min)
     info["nodes_per_level"] = [len(dag.nodes_at(level)) for level in range(1, m.l_max + 1)]
+    if dag.n_images == 0:
+        raise SystemExit(f"every image was removed at fraction {fraction:g} (too few images per l1 name); use a "
+                         "larger fraction or --taxonomy-chains")
     with stage("negatives"):
         for level in range(1, m.l_max + 1):
             ids = dag.nodes_at(level)
-            hard_negatives(ids, np.stack([vectors[x] for x in ids]), m.hard_negative_sim, m.min_hard_negatives,
-                           threads=threads)
+            if ids:
+                hard_negatives(ids, np.stack([vectors[x] for x in ids]), m.hard_negative_sim,
+                               m.min_hard_negatives, threads=threads)
     with stage("split"):
         split_images(dag.images, m.split, m.test_fraction, params.run.seed)
     del dag, vectors
@@ -209,6 +240,8 @@ def main() -> None:
     parser.add_argument("--cache-sample", type=float, default=1.0, help="fraction of images cached (e.g. 0.1 "
                         "at 224 px)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--taxonomy-chains", action="store_true", help="keep the offline backend's chains as they "
+                        "are (52 l1 names at every size) instead of LLM-like l1 variety growing with n")
     parser.add_argument("--work", help="work folder (default: a temporary folder, removed afterwards)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # internal: one size in this process
@@ -218,7 +251,8 @@ def main() -> None:
         parser.error("--cache-sample must be in (0, 1]")
 
     if args.one is not None:
-        figures = run_one(args.one, args.cache_size, args.cache_sample, Path(args.work), args.threads)
+        figures = run_one(args.one, args.cache_size, args.cache_sample, Path(args.work), args.threads,
+                          llm_like=not args.taxonomy_chains)
         Path(args.out).write_text(json.dumps(figures))
         return
 
@@ -233,7 +267,7 @@ def main() -> None:
             out = work / "figures.json"
             cmd = [sys.executable, __file__, "--one", str(fraction), "--work", str(work), "--out", str(out),
                    "--cache-size", str(args.cache_size), "--cache-sample", str(args.cache_sample),
-                   "--threads", str(args.threads)]
+                   "--threads", str(args.threads), *(["--taxonomy-chains"] if args.taxonomy_chains else [])]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             subprocess.run(cmd, check=True, env=env)
             rows.append(json.loads(out.read_text()))
@@ -251,7 +285,8 @@ def main() -> None:
             print(f"| {row['info']['images']} | {row['info']['captions']} | {name} | {s['wall_s']:.2f} | "
                   f"{s['cpu_s']:.2f} | {s['peak_rss_mb']} | {s['rss_rise_mb']} | {s['disk_mb']} |")
     for row in rows:
-        print(f"{row['info']['images']} images: nodes per level {row['info']['nodes_per_level']}, build_magic steps "
+        print(f"{row['info']['images']} images: {row['info']['distinct_l1_names']} distinct l1 names in the chains, "
+              f"nodes per level {row['info']['nodes_per_level']}, build_magic steps "
               f"{row['info']['magic_timing_s']}, cached {row['info']['cached_images']} images at "
               f"{args.cache_size} px, skipped {row['info']['captions_skipped'] or 'nothing'}")
     for line in growth(rows):
