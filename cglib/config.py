@@ -28,8 +28,9 @@ class Section(BaseModel):
 # --------------------------------------------------------------------------------------------- run
 class RunParams(Section):
     name: str = Field("demo", description="Run name; results go to `<output_dir>/<name>/`.", pattern=r"^[A-Za-z0-9_.-]+$")
-    profile: Literal["demo", "paper", "hierarcaps", "custom"] = Field(
-        "demo", description="Which profile this file is: demo (synthetic, offline), paper, hierarcaps, custom.")
+    profile: Literal["demo", "paper", "hierarcaps", "rehearsal", "custom"] = Field(
+        "demo", description="Which profile this file is: demo (synthetic, offline), paper, hierarcaps, rehearsal "
+        "(the paper's code path shrunk for CI), custom.")
     seed: int = Field(0, ge=0, description="Master seed: data order, splits, sampling, initialisation.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device; auto picks cuda when present.")
     output_dir: Path = Field(Path("outputs"), description="Parent folder of run directories (relative to the repo root).")
@@ -169,6 +170,20 @@ class ModelParams(Section):
         "quick_gelu for OpenAI's weights), else the architecture's; a `-quickgelu` architecture with a tag trained "
         "with GELU (or the reverse) is an error. gelu / quick_gelu override both (e.g. gelu reproduces runs made "
         "before the activation followed the tag).")
+    pretrained_weights: bool = Field(True, description="false: resolve the pretrained tag (its config: activation, "
+                                     "preprocessing) but neither download nor load its weights (random init; the "
+                                     "rehearsal profile, where no weights can be fetched).")
+    arch_overrides: dict[Literal["vision_cfg", "text_cfg"], dict[str, int]] | None = Field(
+        None, description="Entries of the open_clip architecture's vision_cfg / text_cfg to override, e.g. "
+        "{text_cfg: {layers: 2, width: 128, heads: 2}}: smaller towers on the same code path (the rehearsal). "
+        "The tag's weights no longer fit, so this needs pretrained_weights: false.")
+
+    @model_validator(mode="after")
+    def _overrides_without_weights(self) -> ModelParams:
+        if self.arch_overrides and self.pretrained and self.pretrained_weights:
+            raise ValueError("arch_overrides change the architecture, so the pretrained tag's weights cannot load; "
+                             "set pretrained_weights: false or remove arch_overrides")
+        return self
 
 
 # ------------------------------------------------------------------------------------------- train

@@ -19,6 +19,7 @@ architecture config that fixes GELU with a QuickGELU tag) is an error, and `mode
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -228,6 +229,40 @@ class _DropExpectedWarnings(logging.Filter):
         return not ("initialized partially" in msg or "Model initialized randomly" in msg)
 
 
+def tag_without_weights(params: ModelParams, arch: str) -> dict[str, Any]:
+    """create_model arguments for `pretrained_weights: false` and `arch_overrides` (empty when neither is set).
+
+    open_clip downloads a tag's weights whenever `pretrained` names it, even with load_weights=False, so the tag
+    is resolved here (it must exist for the architecture) and only its preprocessing is passed on; the tag's
+    activation is chosen from `params.pretrained` by build_model as for a weighted model. `arch_overrides` are
+    merged into the architecture's own vision_cfg / text_cfg (open_clip replaces these dicts wholesale).
+    """
+    kwargs: dict[str, Any] = {}
+    if params.pretrained and not params.pretrained_weights:
+        tag_cfg = open_clip.get_pretrained_cfg(arch, params.pretrained)
+        if not tag_cfg:
+            raise ValueError(f"model.pretrained '{params.pretrained}' is not a tag of {arch}; available: "
+                             f"{open_clip.list_pretrained_tags_by_model(arch)}")
+        kwargs["pretrained"] = None
+        kwargs["force_preprocess_cfg"] = {k: tag_cfg[k] for k in ("mean", "std", "interpolation", "resize_mode")
+                                          if k in tag_cfg}
+    if params.arch_overrides:
+        if params.name in CGLIB_CONFIGS:
+            raise ValueError(f"model.arch_overrides apply to open_clip architectures, not the project config "
+                             f"{params.name}; use an open_clip name such as ViT-B-32")
+        base = open_clip.get_model_config(arch)
+        fields = {"vision_cfg": open_clip.model.CLIPVisionCfg, "text_cfg": open_clip.model.CLIPTextCfg}
+        for section, values in params.arch_overrides.items():
+            valid = {f.name for f in dataclasses.fields(fields[section])}
+            unknown = sorted(set(values) - valid)
+            if unknown:
+                raise ValueError(f"model.arch_overrides.{section}: unknown keys {unknown}; valid: {sorted(valid)}")
+            kwargs[section] = {**base[section], **values}
+        if params.image_size is not None:  # the replaced vision_cfg must keep force_image_size's effect
+            kwargs.setdefault("vision_cfg", dict(base["vision_cfg"]))["image_size"] = params.image_size
+    return kwargs
+
+
 def build_model(params: ModelParams, device: str | torch.device = "cpu") -> ClipModel:
     """Create the model named in params (pretrained tag or random init), load a checkpoint, freeze the text tower."""
     if params.name in CGLIB_CONFIGS:
@@ -249,12 +284,14 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
     kwargs: dict[str, Any] = {"force_quick_gelu": choice.force_quick_gelu}
     if params.image_size is not None:
         kwargs["force_image_size"] = params.image_size
+    kwargs.update(tag_without_weights(params, arch))
     _quiet_transformers()
     quiet = _DropExpectedWarnings()
     if params.name in CGLIB_CONFIGS:
         logging.getLogger().addFilter(quiet)
     try:
-        model = open_clip.create_model(arch, pretrained=params.pretrained, device=device, **kwargs)
+        model = open_clip.create_model(arch, pretrained=kwargs.pop("pretrained", params.pretrained), device=device,
+                                       **kwargs)
     finally:
         logging.getLogger().removeFilter(quiet)
     if params.checkpoint is not None:
@@ -275,10 +312,15 @@ def architecture_params(params: ModelParams) -> ModelParams:
     """The same architecture and activation with random init and no checkpoint: the shell to load saved weights into.
 
     Dropping `pretrained` alone would lose the tag's activation (OpenAI's weights need QuickGELU, which the plain
-    `ViT-B-32` does not select), so the resolved activation is pinned in `force_activation`.
+    `ViT-B-32` does not select) and its preprocessing, so the resolved activation is pinned in `force_activation`
+    and a registry tag is kept with `pretrained_weights: false` (its config, never its weights).
     """
     choice = resolve_activation(params.name, params.pretrained, params.force_activation)
-    return params.model_copy(update={"pretrained": None, "checkpoint": None, "force_activation": choice.activation})
+    registry_tag = (params.pretrained is not None and params.name not in CGLIB_CONFIGS
+                    and bool(open_clip.get_pretrained_cfg(choice.arch, params.pretrained)))
+    return params.model_copy(update={"pretrained": params.pretrained if registry_tag else None,
+                                     "pretrained_weights": False, "checkpoint": None,
+                                     "force_activation": choice.activation})
 
 
 def tensors_sha1(tensors: dict[str, torch.Tensor]) -> str:

@@ -192,9 +192,13 @@ def test_force_activation_builds_quickgelu_modules() -> None:
 
 
 def test_architecture_params_keep_the_tag_activation() -> None:
-    """Rebuilding a pretrained model to load saved weights into it keeps the tag's activation (no download)."""
+    """Rebuilding a pretrained model to load saved weights into it keeps the tag's activation and config, never
+    its weights (no download)."""
     shell = architecture_params(ModelParams(name="ViT-B-32", pretrained="openai", text_tower="open_clip"))
-    assert (shell.pretrained, shell.checkpoint, shell.force_activation) == (None, None, "quick_gelu")
+    assert (shell.pretrained, shell.pretrained_weights, shell.checkpoint, shell.force_activation) == (
+        "openai", False, None, "quick_gelu")
+    local = architecture_params(ModelParams(name="ViT-B-32", pretrained="/tmp/weights.pt", text_tower="open_clip"))
+    assert local.pretrained is None  # a local file is no registry tag: nothing to keep
     plain = architecture_params(ModelParams(name="ViT-B-32", text_tower="open_clip"))
     assert plain.force_activation == "gelu"
 

@@ -30,6 +30,8 @@ def merge_level(dag: ConceptDAG, level: int, vectors: dict[str, np.ndarray], siz
     row = {n: i for i, n in enumerate(ids)}
     matrix = np.stack([vectors[n] for n in ids]).astype(np.float64)
     alive = np.ones(len(ids), dtype=bool)
+    n_alive = len(ids)
+    near_index, near_sims = nearest_neighbours(matrix, NEIGHBOURS)
     merges: list[MergeRecord] = []
     removals: list[RemovalRecord] = []
     rnd = 0
@@ -43,16 +45,13 @@ def merge_level(dag: ConceptDAG, level: int, vectors: dict[str, np.ndarray], siz
         for node in small:
             if not alive[row[node]] or counts[node] >= size_min:
                 continue  # merged away, or grew past size_min earlier in this round
-            sims = matrix @ matrix[row[node]]
-            sims[~alive] = -np.inf
-            sims[row[node]] = -np.inf
-            best = int(np.argmax(sims)) if alive.sum() > 1 else None
-            similarity = float(sims[best]) if best is not None else None
+            best, similarity = _most_similar_alive(row[node], matrix, alive, near_index, near_sims, n_alive)
             if best is None or similarity < sim_min:
                 n_images = counts[node]
                 touched = [*dag.graph.pred[node], *dag.graph.succ[node]]
                 removed = dag.remove(node)
                 alive[row[node]] = False
+                n_alive -= 1
                 removals.append(RemovalRecord(level=level, node=node, n_images=n_images,
                                               best_match=None if best is None else ids[best],
                                               similarity=similarity, image_ids=sorted(removed)))
@@ -63,9 +62,83 @@ def merge_level(dag: ConceptDAG, level: int, vectors: dict[str, np.ndarray], siz
                                           n_images=counts[source], round=rnd))
                 dag.merge(source, target)
                 alive[row[source]] = False
+                n_alive -= 1
                 touched = [target]
             dag.check(around=touched)  # the invariants after every operation (locally; in full per level)
-            counts = dag.image_counts(up_to=level)
+            _update_counts(dag, level, counts, touched)
+
+
+NEIGHBOURS = 64  # candidates kept per node; a node whose candidates are all gone falls back to a full scan
+
+
+def nearest_neighbours(matrix: np.ndarray, k: int, block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k most similar other rows (by dot product), most similar first, ties by lower index.
+
+    Computed once per level with blocked matrix products, so that finding a small node's best match costs a scan
+    of k candidates instead of a product with the whole level (K products of K x D made the loop quadratic in
+    memory traffic: tens of minutes at COCO scale).
+    """
+    n = len(matrix)
+    k = min(k, n - 1)
+    index = np.zeros((n, max(k, 0)), dtype=np.int64)
+    sims = np.zeros((n, max(k, 0)), dtype=np.float64)
+    if k <= 0:
+        return index, sims
+    for start in range(0, n, block):
+        rows = np.arange(start, min(start + block, n))
+        s = matrix[rows] @ matrix.T
+        s[np.arange(len(rows)), rows] = -np.inf
+        top = np.argpartition(-s, k - 1, axis=1)[:, :k] if k < n - 1 else np.argsort(-s, axis=1)[:, :k]
+        top_sims = np.take_along_axis(s, top, axis=1)
+        order = np.lexsort((top, -top_sims), axis=1)  # by similarity, then by index (np.argmax's tie rule)
+        index[rows] = np.take_along_axis(top, order, axis=1)
+        sims[rows] = np.take_along_axis(top_sims, order, axis=1)
+    return index, sims
+
+
+def _most_similar_alive(r: int, matrix: np.ndarray, alive: np.ndarray, near_index: np.ndarray,
+                        near_sims: np.ndarray, n_alive: int) -> tuple[int | None, float | None]:
+    """The alive row most similar to row `r` (ties: lower index) and its similarity; (None, None) when alone."""
+    if n_alive <= 1:
+        return None, None
+    for j, sim in zip(near_index[r], near_sims[r]):
+        if alive[j]:
+            return int(j), float(sim)
+    sims = matrix @ matrix[r]  # every candidate is gone: scan the whole level
+    sims[~alive] = -np.inf
+    sims[r] = -np.inf
+    best = int(np.argmax(sims))
+    return best, float(sims[best])
+
+
+def _update_counts(dag: ConceptDAG, level: int, counts: dict[str, int], touched: list[str]) -> None:
+    """Recount, in place, the nodes of `level` whose image count an operation around `touched` may have changed.
+
+    Counts below `level` never change here, and a node's count is its own images (l1) or the counts of the
+    children that chose it as primary parent; a merge or removal changes only the edges of the children of the
+    nodes it touched, so only those children's parents at this level can change. Recounting them alone, instead
+    of the whole DAG after every operation, keeps the loop near-linear in the number of nodes (the full recount
+    made it cubic: hours at COCO scale, see benchmarks/bench_scale.py).
+    """
+    affected: set[str] = set()
+    for node in touched:
+        if node not in dag.graph:
+            continue
+        node_level = dag.level(node)
+        if node_level == level:
+            affected.add(node)
+            children = dag.graph.pred[node]
+        elif node_level == level - 1:
+            children = (node,)
+        else:
+            continue
+        for child in children:
+            affected.update(dag.graph.succ[child])
+    for node in affected:
+        if level == 1:
+            counts[node] = len(dag.images.get(node, ()))
+        else:
+            counts[node] = sum(counts[c] for c in dag.graph.pred[node] if dag.primary_parent(c) == node)
 
 
 def merge_and_remove(dag: ConceptDAG, vectors: dict[str, np.ndarray], size_min: int, sim_min: float
