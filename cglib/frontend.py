@@ -109,3 +109,12 @@ def png_img_tag(png: bytes, alt: str) -> str:
 
     return (f'<img alt="{html.escape(alt)}" style="max-width:100%" '
             f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"/>')
+
+
+def explorer_mimebundle(plain: str, static_html: str, widget: Any | None) -> dict:
+    """An explorer's display: its static HTML always (executed notebooks read without a kernel), plus the widget
+    view when a live front end renders widgets (others fall back to the HTML, so no stale copy sits under it)."""
+    bundle = {"text/plain": plain, "text/html": static_html}
+    if widget is not None:
+        bundle.update({k: v for k, v in widget._repr_mimebundle_().items() if k != "text/plain"})
+    return bundle

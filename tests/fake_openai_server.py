@@ -30,12 +30,17 @@ import email.parser
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Self
 
+# what `fault_every` injects, in turn: transient HTTP faults and malformed replies, each recoverable by a retry
+FAULT_CYCLE = ("429", "500", "nonjson", "503", "missing", "badbody")
 FAULT = re.compile(r"\[\[fault:([^\]]+)\]\]")
 
 
@@ -63,7 +68,11 @@ class FakeOpenAIServer:
 
     def __init__(self, latency_s: float = 0.0, retry_after: str = "0.05", retry_after_ms: str = "300",
                  timeout_sleep_s: float = 3.0, batch_delay_s: float = 0.0, port: int = 0,
-                 usage_factor: float = 1.0) -> None:
+                 usage_factor: float = 1.0, answer: Callable[[str], dict | None] | None = None,
+                 fault_every: int = 0) -> None:
+        self.answer = answer  # last user message -> reply object (None: the default hash reply)
+        # every `fault_every`-th input (by hash) meets one fault on its first attempt, kinds in FAULT_CYCLE
+        self.fault_every = fault_every
         self.latency_s, self.retry_after, self.retry_after_ms = latency_s, retry_after, retry_after_ms
         self.usage_factor = usage_factor  # reported tokens = this x (characters / 4): a pricier tokenizer
         self.timeout_sleep_s, self.batch_delay_s = timeout_sleep_s, batch_delay_s
@@ -104,7 +113,7 @@ class FakeOpenAIServer:
             self.counts[key] += 1
             attempt = self.counts[key] - 1
             self.attempt_times[key].append(time.monotonic())
-        faults = _faults(last)
+        faults = _faults(last) or self._scheduled_faults(key)
         fault = faults[attempt] if attempt < len(faults) else None
         if fault == "429":
             return 429, {"Retry-After": self.retry_after}, _error("Rate limit reached", "requests",
@@ -123,10 +132,13 @@ class FakeOpenAIServer:
         if fault == "html" and not in_batch:
             return 200, {"Content-Type": "text/html"}, b"<html><body>502 Bad Gateway</body></html>"
         digest = hashlib.sha256(last.encode()).hexdigest()[:6]
-        if "generalized captions" in last:
+        answered = self.answer(last) if self.answer is not None else None
+        if answered is not None:
+            content: str | None = json.dumps(answered)
+        elif "generalized captions" in last:
             found = re.search(r"Write (\d+) generalized captions", last)
             n = int(found.group(1)) if found else 3
-            content: str | None = json.dumps({"captions": [f"generalized caption {i} of group {digest}"
+            content = json.dumps({"captions": [f"generalized caption {i} of group {digest}"
                                                            for i in range(n)]})
         else:
             content = json.dumps({"concept": f"topic {digest}"})
@@ -153,6 +165,15 @@ class FakeOpenAIServer:
                          "model": body.get("model", "fake"), "usage": usage,
                          "choices": [{"index": 0, "finish_reason": finish, "logprobs": None,
                                       "message": {"role": "assistant", "content": content, "refusal": refusal}}]}
+
+    def _scheduled_faults(self, key: str) -> list[str]:
+        """One fault on the first attempt of every `fault_every`-th input (chosen by hash, so order-free)."""
+        if not self.fault_every:
+            return []
+        value = int(key, 16)
+        if value % self.fault_every:
+            return []
+        return [FAULT_CYCLE[(value // self.fault_every) % len(FAULT_CYCLE)]]
 
     # --------------------------------------------------------------------------------------- batches
     def create_batch(self, body: dict) -> dict:
@@ -293,8 +314,16 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every chat request")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=600.0, help="stop after this long")
+    parser.add_argument("--rehearsal", action="store_true", help="answer like tests/rehearsal_llm.py (concept "
+                        "chains shared by many images) and inject a fault into every 7th input")
     args = parser.parse_args()
-    with FakeOpenAIServer(latency_s=args.latency, port=args.port) as server:
+    answer, fault_every = None, 0
+    if args.rehearsal:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from rehearsal_llm import answer
+
+        fault_every = 7
+    with FakeOpenAIServer(latency_s=args.latency, port=args.port, answer=answer, fault_every=fault_every) as server:
         print(server.url, flush=True)
         time.sleep(args.seconds)
 

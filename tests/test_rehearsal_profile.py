@@ -34,6 +34,7 @@ FORCED = {
     "data.coco_captions", "data.coco_images", "data.max_images", "data.hierarcaps_csv", "data.hierarcaps_images",
     "data.image_cache_size",
     "llm.base_url",
+    "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
     "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers",
     "eval.bootstrap",

@@ -18,7 +18,7 @@ import numpy as np
 from IPython.display import Image, display
 from matplotlib.figure import Figure
 
-from cglib.frontend import figure_png, headless, png_img_tag
+from cglib.frontend import explorer_mimebundle, figure_png, headless, png_img_tag
 from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel, encode_images, encode_texts
 from cglib.viz.attention import extract_attention, overlay, vision_transformer
@@ -185,11 +185,7 @@ class ConceptExplorer:
         return "<div>" + "".join(parts) + "</div>"
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        bundle = {"text/plain": f"ConceptExplorer(concept={self.concept!r}, models={list(self.models)})",
-                  "text/html": self.static_html()}
-        if self.widget is not None:  # a live front end renders the widget view; others fall back to the HTML
-            bundle.update({k: v for k, v in self.widget._repr_mimebundle_().items() if k != "text/plain"})
-        return bundle
+        return explorer_mimebundle(f"ConceptExplorer(concept={self.concept!r}, models={list(self.models)})", self.static_html(), self.widget)
 
 
 def _select_first(box: widgets.Dropdown, options: list) -> None:

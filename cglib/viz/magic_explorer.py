@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, display
 
 from cglib.data.dataset import CaptionDataset
-from cglib.frontend import figure_png, headless, png_img_tag
+from cglib.frontend import explorer_mimebundle, figure_png, headless, png_img_tag
 from cglib.magic.schema import MagicFile
 
 
@@ -154,11 +154,7 @@ class MagicExplorer:
         return f"<div>{note}{node_html(self.info)}{strip}</div>"
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        bundle = {"text/plain": f"MagicExplorer(node={self.info['id'] if self.info else None!r})",
-                  "text/html": self.static_html()}
-        if self.widget is not None:  # a live front end renders the widget view; others fall back to the HTML
-            bundle.update({k: v for k, v in self.widget._repr_mimebundle_().items() if k != "text/plain"})
-        return bundle
+        return explorer_mimebundle(f"MagicExplorer(node={self.info['id'] if self.info else None!r})", self.static_html(), self.widget)
 
 
 def magic_explorer(magic: MagicFile, dataset: CaptionDataset | None = None, max_images: int = 6,
