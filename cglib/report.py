@@ -197,7 +197,7 @@ def _table1_section(run_dir: Path, report: Report) -> str:
     except (ValueError, KeyError) as exc:
         report.missing["Table 1"] = f"{path} could not be read: {exc}"
         return ""
-    return "<h2>Table 1: the MAGIC dataset at a glance</h2>" + table.to_html(na_rep="")
+    return "<h2>Table 1: the MAGIC dataset at a glance</h2>" + table.rename_axis(None).to_html(na_rep="")
 
 
 def _fig4_section(run_dir: Path, report: Report) -> str:
