@@ -1,6 +1,8 @@
-"""`cglib` command line: validate params, run the notebook series, regenerate figures, download or write data.
+"""`cglib` command line: validate params, run the notebook series, regenerate figures, write a run's HTML report,
+download or write data.
 
-Exit codes: 0 success, 1 a step failed, 2 bad input (params, arguments, not a run directory),
+Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written), 2 bad input (params,
+arguments, not a run directory),
 3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
 4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
 5 `status`: the run is still running.
@@ -113,6 +115,22 @@ def _figures(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from cglib.report import NotARunDirectory, build_report
+
+    try:
+        report = build_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    except NotARunDirectory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {report.index} ({len(report.pages)} notebook pages)")
+    for name, why in report.missing.items():
+        print(f"  not included: {name}: {why}")
+    for name, why in report.failed.items():
+        print(f"FAILED page {name}: {why}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
 def _download(args: argparse.Namespace) -> int:
     from cglib.data.download import download_named
 
@@ -179,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--formats", help="comma-separated, e.g. png,pdf (default: viz.formats of the run)")
     p.set_defaults(func=_figures)
+
+    p = sub.add_parser("report", help="a run's executed notebooks as a static HTML report (index with Table 3, "
+                       "Table 1 and Fig. 4, one page per notebook, figures embedded); exit 0 ok (missing pieces "
+                       "are listed on the index), 1 a page could not be written, 2 not a run directory")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="report folder (default: RUN_DIR/report); open its index.html")
+    p.set_defaults(func=_report)
 
     from cglib.data.download import NAMED_DOWNLOADS
 

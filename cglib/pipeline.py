@@ -6,7 +6,8 @@ records params, git commit, package versions and each notebook's status and dura
 the series and is reported by notebook, cell and exception.
 
 Kernels of a run get `CGLIB_HEADLESS=1` (unless already set), so explorers render statically and open no widget
-comm, and progress bars are text bars left at their final count (`cglib.frontend`). A cell that sends nothing
+comm, and progress bars are text bars left at their final count (`cglib.frontend`); and matplotlib's inline backend
+whatever MPLBACKEND the caller exported, so the figures cells show are saved in the executed notebooks. A cell that sends nothing
 for `run.cell_silence_s` is treated as hung: its kernel is interrupted (killed if that does not help) and the
 run fails naming the notebook and the cell, instead of waiting for `run.cell_timeout_s`.
 
@@ -218,17 +219,26 @@ def _watched_engine(watch: SilenceWatch) -> str:
     return "cglib-watched"
 
 
+# matplotlib's inline backend for the kernels of a run: an MPLBACKEND such as Agg exported for scripts (the Makefile
+# does, and so do CI jobs) would reach the kernels and keep every figure out of the executed notebooks.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
 @contextmanager
 def headless_kernels() -> Iterator[None]:
-    """Kernels started inside get CGLIB_HEADLESS=1, unless the user set the variable (then theirs wins)."""
-    if HEADLESS_ENV in os.environ:
-        yield
-        return
-    os.environ[HEADLESS_ENV] = "1"
+    """Kernels started inside get CGLIB_HEADLESS=1, unless the user set the variable (then theirs wins), and
+    matplotlib's inline backend (MPLBACKEND), so figures shown by cells are saved in the executed notebooks."""
+    saved = {key: os.environ.get(key) for key in (HEADLESS_ENV, "MPLBACKEND")}
+    os.environ.setdefault(HEADLESS_ENV, "1")
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
     try:
         yield
     finally:
-        os.environ.pop(HEADLESS_ENV, None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def execute_notebook(notebook: Path, output: Path, parameters: dict, kernel: str, timeout_s: int,

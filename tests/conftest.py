@@ -6,12 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The demo profile shrunk (as in test_demo_pipeline): same code paths, a fraction of the time.
+SMALL_DEMO = {"data": {"synthetic": {"images_per_concept": 8}}, "train": {"epochs": 1}, "eval": {"bootstrap": 50}}
 SHARED_DATA = Path(os.environ.get("CGLIB_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
@@ -26,3 +29,21 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "hierarcaps" / "hierarcaps_test.csv").is_file():
         pytest.skip(f"real data not found at {SHARED_DATA} (set CGLIB_SHARED_DATA to the shared/data folder)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory) -> Path:
+    """Notebooks 01-03 of the shrunken demo, executed by `cglib run` (papermill, headless): the run directory,
+    shared by every test of the session that needs a run (headless explorers, the HTML report, the browser)."""
+    from cglib.cli import main as cli_main
+    from cglib.config import deep_merge
+
+    root = tmp_path_factory.mktemp("headless")
+    params = deep_merge(yaml.safe_load((REPO_ROOT / "params/demo.yaml").read_text()), SMALL_DEMO)
+    params["run"]["name"] = "headless"
+    path = root / "params" / "headless.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(params))
+    out = root / "run"
+    assert cli_main(["run", str(path), "--out", str(out), "--only", "01,02,03"]) == 0
+    return out

@@ -27,8 +27,7 @@ from tests.factories import tiny_magic
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_03 = REPO / "notebooks" / "03_magic_dag.ipynb"
-# The demo profile shrunk (as in test_demo_pipeline): same code paths, a fraction of the time.
-SMALL = {"data": {"synthetic": {"images_per_concept": 8}}, "train": {"epochs": 1}, "eval": {"bootstrap": 50}}
+# `small_run` (notebooks 01-03 of the shrunken demo, one per test session) is a fixture of tests/conftest.py.
 TQDM_STATE = re.compile(r"(\d+)%\|[^|]*\|\s*(\d+)/(\d+)")
 
 
@@ -36,18 +35,6 @@ def _write_params(path: Path, params: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(params))
     return path
-
-
-@pytest.fixture(scope="session")
-def small_run(tmp_path_factory) -> Path:
-    """Notebooks 01-03 of the shrunken demo, executed by `cglib run` (papermill, headless): the run directory."""
-    root = tmp_path_factory.mktemp("headless")
-    params = deep_merge(yaml.safe_load((REPO / "params/demo.yaml").read_text()), SMALL)
-    params["run"]["name"] = "headless"
-    path = _write_params(root / "params" / "headless.yaml", params)
-    out = root / "run"
-    assert cli_main(["run", str(path), "--out", str(out), "--only", "01,02,03"]) == 0
-    return out
 
 
 # --------------------------------------------------------------------------------- kernel messages

@@ -1,0 +1,180 @@
+"""`cglib report`: a run's executed notebooks as a static HTML report (index with Table 3, Table 1, Fig. 4;
+one page per notebook), checked as files: every page written, every image resolves, every link resolves, no
+widget state. The browser's view of the same report is in tests/test_browser.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import matplotlib.pyplot as plt
+import nbformat
+import pytest
+
+from cglib.cli import main as cli_main
+from cglib.report import clean_notebook, nav_links
+
+IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+
+
+class _Refs(HTMLParser):
+    """Every `<img src>` and `<a href>` of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "img":
+            self.images.append(values.get("src") or "")
+        elif tag == "a" and values.get("href"):
+            self.links.append(values["href"])
+
+
+def page_refs(page: Path) -> _Refs:
+    refs = _Refs()
+    refs.feed(page.read_text(encoding="utf-8"))
+    return refs
+
+
+def image_problem(page: Path, src: str) -> str | None:
+    """Why an `<img src>` would not load offline (None when it would): a data URI must decode to its image
+    type, a relative path must name a file beside the page; remote images are problems (the report is offline)."""
+    if src.startswith("data:"):
+        header, _, payload = src.partition(",")
+        mime = header[5:].split(";")[0]
+        if ";base64" not in header:
+            return f"{page.name}: data URI not base64 ({header})"
+        data = base64.b64decode(payload, validate=True)
+        if mime in IMAGE_MAGIC and not data.startswith(IMAGE_MAGIC[mime]):
+            return f"{page.name}: data URI is not a {mime}"
+        if mime == "image/svg+xml" and b"<svg" not in data[:2000]:
+            return f"{page.name}: data URI is not an SVG"
+        return None if data else f"{page.name}: empty data URI"
+    url = urlparse(src)
+    if url.scheme or not url.path:
+        return f"{page.name}: image not stored in the report: {src[:80]}"
+    return None if (page.parent / unquote(url.path)).is_file() else f"{page.name}: missing image file {src}"
+
+
+def link_problem(page: Path, href: str) -> str | None:
+    """Why a relative link of a page is broken (external links and in-page anchors are not checked)."""
+    url = urlparse(href)
+    if url.scheme or not url.path:
+        return None
+    return None if (page.parent / unquote(url.path)).is_file() else f"{page.name}: broken link {href}"
+
+
+def report_problems(folder: Path) -> list[str]:
+    """Every image that would not load, every broken relative link and any widget state, over all pages."""
+    problems = []
+    for page in sorted(folder.glob("*.html")):
+        refs = page_refs(page)
+        problems += [p for src in refs.images if (p := image_problem(page, src))]
+        problems += [p for href in refs.links if (p := link_problem(page, href))]
+        text = page.read_text(encoding="utf-8")
+        for marker in ("application/vnd.jupyter.widget-state+json", "application/vnd.jupyter.widget-view+json",
+                       'class="jupyter-widgets'):
+            if marker in text:
+                problems.append(f"{page.name}: widget output or state left ({marker})")
+    return problems
+
+
+@pytest.fixture(scope="session")
+def partial_report(small_run, tmp_path_factory) -> tuple[Path, int]:
+    """`cglib report` of the session's run of notebooks 01-03 (a run that stopped after 03): (folder, exit)."""
+    out = tmp_path_factory.mktemp("report") / "report"
+    return out, cli_main(["report", str(small_run), "--out", str(out)])
+
+
+@pytest.mark.slow
+def test_report_of_a_run_that_stopped_after_notebook_03(partial_report):
+    """Exit 0; pages for 01-03 with figures inline and the explorer's static view; the index shows Table 1 and
+    lists what a partial run lacks (Table 3, Fig. 4, notebooks 00 and 04-07) with the reason; every image and
+    link resolves and no widget state is left."""
+    folder, code = partial_report
+    assert code == 0
+    assert sorted(p.name for p in folder.glob("*.html")) == ["01_captions.html", "02_abstraction.html",
+                                                             "03_magic_dag.html", "index.html"]
+    index = (folder / "index.html").read_text(encoding="utf-8")
+    assert "Table 1: the MAGIC dataset at a glance" in index and "l1 nodes" in index
+    missing = index[index.index("Not in this report"):]
+    for name in ("Table 3", "Fig. 4", "00_overview.ipynb", "04_losses.ipynb", "07_visualization.ipynb"):
+        assert f"<b>{name}</b>" in missing, name
+    assert "no evaluation (notebook 06)" in missing and "--only 04" in missing
+    assert report_problems(folder) == []
+    refs = page_refs(folder / "index.html")
+    assert {"01_captions.html", "02_abstraction.html", "03_magic_dag.html"} <= set(refs.links)
+    assert refs.images and all(src.startswith("figures/") for src in refs.images)  # the run's figures, copied
+    page03 = folder / "03_magic_dag.html"
+    assert "MAGIC explorer, static view" in page03.read_text(encoding="utf-8")
+    # the level distributions and the subtree drawn inline (the runner gives kernels the inline backend even under
+    # MPLBACKEND=Agg), and the explorer's image strip
+    assert sum(src.startswith("data:image/png") for src in page_refs(page03).images) >= 3
+    assert page_refs(page03).links[:2] == ["index.html", "02_abstraction.html"]  # the navigation bar, first
+    assert "require.js" not in page03.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_report_with_evaluation_and_a_broken_notebook(small_run, tmp_path):
+    """A run folder with a hand-made evaluation (table3.md, Fig. 4) shows both up front; a notebook that cannot be
+    read costs only its own page: it is listed with the reason and the command exits 1."""
+    run = tmp_path / "run"
+    (run / "notebooks").mkdir(parents=True)
+    shutil.copy(small_run / "params.yaml", run / "params.yaml")
+    shutil.copytree(small_run / "magic", run / "magic")
+    shutil.copy(small_run / "notebooks" / "03_magic_dag.ipynb", run / "notebooks")
+    (run / "notebooks" / "06_evaluation.ipynb").write_text("{not json", encoding="utf-8")
+    (run / "evaluation").mkdir()
+    (run / "evaluation" / "table3.md").write_text(
+        "# Table 3 (regenerated)\n\n| model | HierarCaps R@1 |\n|---|---|\n| clip | 41.0 [38.2, 44.1] |\n\n"
+        "- values in percent, 95% bootstrap CIs\n", encoding="utf-8")
+    (run / "figures").mkdir()
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2, 3, 4], [0.6, 0.5, 0.4, 0.3])
+    fig.savefig(run / "figures" / "06_fig4_accuracy_by_level.png")
+    plt.close(fig)
+    (run / "run.json").write_text(json.dumps({"status": "ok", "notebooks": [
+        {"name": "03_magic_dag.ipynb", "status": "ok", "duration_s": 12.0},
+        {"name": "06_evaluation.ipynb", "status": "ok", "duration_s": 30.0}]}), encoding="utf-8")
+
+    assert cli_main(["report", str(run)]) == 1
+    folder = run / "report"
+    index = (folder / "index.html").read_text(encoding="utf-8")
+    assert index.index("Table 3") < index.index("Table 1") < index.index("Fig. 4") < index.index("Notebooks")
+    assert "<td>41.0 [38.2, 44.1]</td>" in index and "95% bootstrap CIs" in index
+    assert 'src="figures/06_fig4_accuracy_by_level.png"' in index
+    assert "<b>06_evaluation.ipynb</b>: page not written" in index and not (folder / "06_evaluation.html").exists()
+    assert (folder / "03_magic_dag.html").is_file() and report_problems(folder) == []
+
+
+def test_report_needs_a_run_directory(tmp_path, capsys):
+    """A folder without params.yaml is not a run: exit 2 and a message naming what to pass."""
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert "not a run directory (no params.yaml); pass outputs/<run>" in capsys.readouterr().err
+
+
+def test_clean_notebook_drops_widget_state_and_views_keeps_static_renderings():
+    """Widget state and views go; an output's static HTML stays; a bare widget says where it lives."""
+    nb = nbformat.v4.new_notebook(metadata={"widgets": {"application/vnd.jupyter.widget-state+json": {}}})
+    nb.cells = [nbformat.v4.new_code_cell(outputs=[
+        nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "a"},
+                                                     "text/html": "<p>static view</p>"}),
+        nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "b"}}),
+    ])]
+    outputs = clean_notebook(nb).cells[0].outputs
+    assert "widgets" not in nb.metadata
+    assert outputs[0]["data"] == {"text/html": "<p>static view</p>"}
+    assert outputs[1]["data"] == {"text/plain": "(interactive widget: open the notebook in Jupyter)"}
+
+
+def test_nav_links_index_previous_next():
+    names = ["01_a.ipynb", "03_b.ipynb", "07_c.ipynb"]
+    assert nav_links("01_a.ipynb", names) == [("index", "index.html"), ("next: 03_b.ipynb", "03_b.html")]
+    assert [href for _, href in nav_links("03_b.ipynb", names)] == ["index.html", "01_a.html", "07_c.html"]
