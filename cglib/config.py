@@ -200,6 +200,22 @@ class TrainRunParams(Section):
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="Override train.alpha for this run.")
 
 
+class BaseTrainParams(Section):
+    corpus: Literal["none", "synthetic", "magic_train"] = Field(
+        "none", description="What the base model (the zero-shot row; every run fine-tunes from it) is trained on "
+        "before MAGIC, with the standard CLIP loss on (image, original caption) pairs, as CLIP was. none: the model "
+        "as built (a pretrained tag such as OpenAI's CLIP, or random init). synthetic: scenes rendered from "
+        "another seed of the synthetic world (disjoint from MAGIC; data.source: synthetic). magic_train: the "
+        "MAGIC-train images with their original captions (never test images, never concept names).")
+    seed_offset: int = Field(1000, ge=1, description="corpus synthetic: the base world's seed is run.seed + this.")
+    images_per_concept: int | None = Field(None, ge=1, description="corpus synthetic: images rendered per l1 "
+                                           "concept (null = data.synthetic.images_per_concept).")
+    epochs: int = Field(10, ge=1, description="Epochs over the base corpus (one caption per image per epoch).")
+    batch_size: int = Field(64, ge=2, description="Image-caption pairs per base-training batch.")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate of base training (AdamW, warmup then cosine).")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps of base training.")
+
+
 class TrainParams(Section):
     runs: list[TrainRunParams] = Field(
         default_factory=lambda: [TrainRunParams(name="clip", loss="clip"),
@@ -237,6 +253,8 @@ class TrainParams(Section):
                                      "safetensors); resuming needs none of them, only the final weights are kept.")
     num_workers: int = Field(0, ge=0, description="DataLoader workers.")
     log_every: int = Field(10, ge=1, description="Log every k steps.")
+    base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
+                                  "starts from (the zero-shot row).")
 
     @field_validator("runs")
     @classmethod
@@ -324,6 +342,9 @@ class Params(Section):
         if self.viz.color_level > self.magic.l_max:
             raise ValueError(f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
                              "lower viz.color_level")
+        if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
+            raise ValueError("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
+                             f"'{self.data.source}' use train.base.corpus: magic_train (or none)")
         if self.llm.backend == "oracle" and self.data.source != "synthetic":
             raise ValueError("llm.backend 'oracle' needs the synthetic world's ground truth; "
                              "use data.source: synthetic or another backend")

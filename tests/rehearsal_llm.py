@@ -85,7 +85,7 @@ def next_concept(previous: str, level: int) -> str:
 
 def _captions(message: str) -> list[str]:
     """The caption lines of a prompt (the block after 'Captions of ...:' up to the first blank line)."""
-    found = re.search(r"Captions of [^\n]*:\n(.*?)(?:\n\s*\n|$)", message, re.S)
+    found = re.search(r"Captions of [^\n]*:\n(.*?)(?:\n\s*\n|$)", message, re.DOTALL)
     lines = found.group(1).splitlines() if found else []
     return [line.strip().lstrip("-*0123456789.) ").strip() for line in lines if line.strip()]
 

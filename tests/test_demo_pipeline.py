@@ -8,6 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from conftest import SMALL_DEMO
 
 from cglib.cli import main as cli_main
 from cglib.config import deep_merge
@@ -15,18 +16,12 @@ from cglib.pipeline import default_notebook_dir, discover_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The demo profile with fewer images, epochs and resamples: same code paths, a fraction of the time.
-SMALL = {
-    "data": {"synthetic": {"images_per_concept": 8}},
-    "train": {"epochs": 1},
-    "eval": {"bootstrap": 50},
-}
 
 
 @pytest.mark.slow
 def test_demo_series_runs_end_to_end(tmp_path):
     """Every numbered notebook runs headless on the demo profile; each stage leaves its documented files."""
-    params = deep_merge(yaml.safe_load((REPO / "params/demo.yaml").read_text()), SMALL)
+    params = deep_merge(yaml.safe_load((REPO / "params/demo.yaml").read_text()), SMALL_DEMO)
     params["run"]["name"] = "e2e"
     params_path = tmp_path / "params" / "e2e.yaml"
     params_path.parent.mkdir()
@@ -44,6 +39,9 @@ def test_demo_series_runs_end_to_end(tmp_path):
                      "magic/magic.json", "magic/magic.graphml", "training/initial.safetensors",
                      "evaluation/metrics.csv", "evaluation/table3.md"]:
         assert (out / relative).is_file(), relative
+    base = json.loads((out / "training/initial.json").read_text())["base"]  # the zero-shot row is the base
+    assert base["corpus"] == "synthetic" and base["captions_naming_a_concept"] == 0
+    assert base["epoch_losses"][-1] < base["epoch_losses"][0]
     for run_spec in params["train"]["runs"]:
         assert (out / "training" / run_spec["name"] / "final.safetensors").is_file()
     figures = list((out / "figures").glob("*.png"))

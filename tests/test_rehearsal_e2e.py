@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import SHARED_DATA
+from fake_openai_server import FakeOpenAIServer
+from rehearsal_llm import answer
 
 from cglib.cli import main as cli_main
 from cglib.config import deep_merge
 from cglib.magic.schema import load_magic
 from cglib.pipeline import default_notebook_dir, discover_notebooks
-from conftest import SHARED_DATA
-from fake_openai_server import FakeOpenAIServer
-from rehearsal_llm import answer
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_KEY = "sk-rehearsal-9f8e7d6c5b4a39281706f5e4d3c2b1a0"

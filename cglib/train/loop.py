@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from cglib.config import Params
+from cglib.data.download import file_digest
 from cglib.models import ClipModel, architecture_params, build_model, load_weights, save_weights
 from cglib.run import RunContext, provenance, seed_everything, write_json
 from cglib.train import distributed
@@ -63,37 +64,94 @@ from cglib.train.step import Stepper, batch_loss, group_step_loss, set_trainable
 from cglib.train.summary import summary_table, weights_moved_note
 from cglib.train.trainer import Trainer
 
-__all__ = ["FINAL", "INITIAL", "LOG_COLUMNS", "ZERO_SHOT", "GroupBatchData", "Stepper", "TrainInputs", "batch_loss",
-           "ensure_initial", "group_step_loss", "load_inputs", "load_trained", "model_image_size", "run_entry",
-           "run_spec", "set_trainable", "summary_table", "train_all", "train_one", "weights_moved_note", "wrap"]
+__all__ = [
+    "FINAL",
+    "INITIAL",
+    "LOG_COLUMNS",
+    "ZERO_SHOT",
+    "GroupBatchData",
+    "Stepper",
+    "TrainInputs",
+    "base_record",
+    "batch_loss",
+    "ensure_initial",
+    "group_step_loss",
+    "load_inputs",
+    "load_trained",
+    "model_image_size",
+    "run_entry",
+    "run_spec",
+    "set_trainable",
+    "summary_table",
+    "train_all",
+    "train_one",
+    "weights_moved_note",
+    "wrap",
+]
 
 logger = logging.getLogger(__name__)
 
 ZERO_SHOT = "zero-shot"
 
 
-def ensure_initial(run: RunContext, info: DistInfo | None = None) -> Path:
-    """Save the untrained (zero-shot) weights once per model spec and seed: `training/initial.safetensors`.
+def _initial_spec(run: RunContext) -> dict[str, Any]:
+    """What determines the initial weights: the model, the seed and, with a base corpus, how the base trains."""
+    p = run.params
+    spec: dict[str, Any] = {"model": p.model.model_dump(mode="json"), "seed": p.run.seed}
+    if p.train.base.corpus != "none":
+        spec["base"] = p.train.base.model_dump(mode="json")
+        spec["base_train"] = {"tau": p.train.tau, "weight_decay": p.train.weight_decay,
+                              "grad_clip": p.train.grad_clip, "amp": p.train.amp}
+        if p.train.base.corpus == "synthetic":
+            spec["world"] = {**p.data.synthetic.model_dump(mode="json"), "levels": p.magic.l_max}
+        else:  # the MAGIC-train images: a rebuilt magic.json or new captions make another base
+            spec["data"] = [file_digest(run.require(f, stage), "sha1") for f, stage in
+                            (("magic/magic.json", "03_magic_dag"), ("captions/dataset.json", "01_captions"))]
+    return spec
 
-    A MiniLM text tower is the package's own pretrained weights: the file references it (with its hash)
-    instead of copying its 22M parameters.
+
+def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool = True) -> Path:
+    """Save the weights every run starts from (the zero-shot row) once per spec: `training/initial.safetensors`.
+
+    Without a base corpus these are the model as built (a pretrained tag, or random init); with
+    `train.base.corpus` the model is first trained with the CLIP loss on that corpus (base.py) and
+    `initial.json` records what the base saw. A MiniLM text tower is the package's own pretrained weights: the
+    file references it (with its hash) instead of copying its 22M parameters.
     """
     info = info or DistInfo()
     path = run.stage("training") / INITIAL
     meta_path = path.with_suffix(".json")
-    want = {"model": run.params.model.model_dump(mode="json"), "seed": run.params.run.seed}
+    want = _initial_spec(run)
     current = None
     if meta_path.is_file() and path.is_file():
         current = json.loads(meta_path.read_text(encoding="utf-8")).get("spec")
     if current != want and info.is_main:
         seed_everything(run.params.run.seed)
         bundle = build_model(run.params.model, "cpu")
-        from_package = bundle.text_tower == "minilm"
+        record: dict[str, Any] = {"spec": want}
+        if run.params.train.base.corpus != "none":
+            from cglib.data.image_cache import image_cache_dir
+            from cglib.train.base import base_corpus, train_base
+
+            corpus, described = base_corpus(run)
+            record["base"] = {**described, **train_base(run.params, bundle, corpus, image_cache_dir(run),
+                                                        run.device(), progress)}
+            bundle.model.to("cpu")
+        from_package = bundle.text_tower == "minilm" and run.params.model.freeze_text
         save_weights(bundle.model, path, exclude=text_keys(bundle.model) if from_package else (),
                      source="package" if from_package else None)
-        write_json(meta_path, {"spec": want, "model": bundle.info(), "provenance": provenance(run.params)})
+        write_json(meta_path, {**record, "model": bundle.info(), "provenance": provenance(run.params)})
     distributed.barrier(info)
     return path
+
+
+def base_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """What the base model (the zero-shot row) was trained on, from `training/initial.json`; None without a base."""
+    meta = Path(run_dir) / "training" / INITIAL
+    meta = meta.with_suffix(".json")
+    if not meta.is_file():
+        return None
+    return json.loads(meta.read_text(encoding="utf-8")).get("base")
 
 
 def train_one(run: RunContext, name: str, *, inputs: TrainInputs | None = None, info: DistInfo | None = None,
@@ -101,7 +159,7 @@ def train_one(run: RunContext, name: str, *, inputs: TrainInputs | None = None, 
     """Train the train.runs entry `name` (resuming its checkpoint when allowed); return its summary."""
     entry = run_entry(run.params, name)
     info = info or distributed.current(run.device())
-    ensure_initial(run, info)
+    ensure_initial(run, info, progress)
     if inputs is None:
         inputs = load_inputs(run, progress=progress, info=info)
     trainer = Trainer(run, entry, inputs, info, on_step, progress)
@@ -121,7 +179,7 @@ def train_all(run: RunContext, names: list[str] | None = None, progress: bool = 
     for name in names:
         run_entry(run.params, name)  # fail before any work on a typo
     info = info or distributed.current(run.device())
-    ensure_initial(run, info)
+    ensure_initial(run, info, progress)
     inputs = load_inputs(run, progress=progress, info=info)
     return {name: train_one(run, name, inputs=inputs, info=info, progress=progress) for name in names}
 
