@@ -126,6 +126,7 @@ def test_gain_rows_recover_known_effects_and_state_significance():
     shown = report.gains_display(gains)
     assert list(shown.index) == [f"Avg Accuracy Gain w.r.t. {g}" for g in report.GAINS]
     assert shown.loc["Avg Accuracy Gain w.r.t. MAGIC", "MAGIC l1"].endswith("%) *")
+    assert report._signed(-0.04) == "+0.0" and report._signed(-0.06) == "-0.1"
     md = report.table3_markdown(report.table3(metrics), ["a note"], gains, notes)
     lines = md.splitlines()
     model_row = next(i for i, line in enumerate(lines) if line.startswith("| pairwise_pretrain |"))

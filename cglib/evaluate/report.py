@@ -488,6 +488,11 @@ def gain_notes(gains: pd.DataFrame, sets: dict[str, tuple[list[str], list[str], 
     return notes
 
 
+def _signed(value: float) -> str:
+    """'+1.2' / '-1.2', and '+0.0' (not '-0.0') for what rounds to zero."""
+    return f"{round(float(value), 1) + 0.0:+.1f}"
+
+
 def gains_display(gains: pd.DataFrame) -> pd.DataFrame:
     """The gain rows as the paper prints them: one row per gain, 'diff [low, high] (relative %)' per column."""
     order = [g for g in GAINS if g in set(gains["gain"])]
@@ -497,8 +502,8 @@ def gains_display(gains: pd.DataFrame) -> pd.DataFrame:
         if not np.isfinite(r["difference"]):
             cell = "-"
         else:
-            cell = f"{r['difference']:+.1f} [{r['ci_low']:.1f}, {r['ci_high']:.1f}]"
-            cell += f" ({r['relative']:+.1f}%)" if np.isfinite(r["relative"]) else ""
+            cell = f"{_signed(r['difference'])} [{r['ci_low']:.1f}, {r['ci_high']:.1f}]"
+            cell += f" ({_signed(r['relative'])}%)" if np.isfinite(r["relative"]) else ""
             cell += " *" if bool(r["significant"]) else ""
         out.loc[GAIN_LABEL.format(r["gain"]), r["column"]] = cell
     out.index.name = "gain"
