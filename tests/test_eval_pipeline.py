@@ -18,7 +18,7 @@ from cglib.magic.schema import save_magic
 from cglib.run import RunContext, open_run
 from tests.factories import tiny_magic
 
-EVAL_FILES = ["results.json", "metrics.csv", "differences.csv", "table3.csv", "table3.md", "scores.npz"]
+EVAL_FILES = ["results.json", "metrics.csv", "differences.csv", "table3.csv", "table3.md", "gains.csv", "scores.npz"]
 
 
 def make_run(tmp_path: Path, runs: list[dict], model: str = "cglib-tiny-vit", data: dict | None = None,
@@ -78,6 +78,9 @@ def test_zero_shot_evaluation_writes_every_file_and_reuses_its_cache(tmp_path):
     key = ("forced_choice", "dag", "t2i", "accuracy", "l1")
     assert scores[key]["zero-shot"].values.mean() == pytest.approx(l1["value"])
     assert json.loads((out / "results.json").read_text())["provenance"]["params"]["eval"]["seeds"] == [0, 1]
+    # no trained model: every gain row is absent, and table3.md says why
+    assert loaded.gains.empty and loaded.gain_notes() == first.gain_notes()
+    assert "- MAGIC: absent: needs models fine-tuned on MAGIC" in (out / "table3.md").read_text()
 
 
 @pytest.mark.slow
@@ -109,6 +112,14 @@ def test_trained_models_are_compared_on_identical_items(tmp_path):
     md = (run.dir / "evaluation" / "table3.md").read_text()
     assert "pairwise †" in md and "95% bootstrap CI" in md
     assert list(loaded.table3.index) == ["zero-shot", "clip", "pairwise"]
+    # roles saved per model; the gain rows under Table 3 from them and the per-item scores
+    roles = {m["name"]: (m["fine_tuned_on_magic"], m["objective"], m["pretrain"], m["init"])
+             for m in loaded.info["models"]}
+    assert roles == {"zero-shot": (False, "none", "none", None), "clip": (True, "clip", "none", "zero-shot"),
+                     "pairwise": (True, "pairwise", "with_concepts", "zero-shot")}
+    assert set(loaded.gains["gain"]) == {"MAGIC", "Loss Function", "Best Model"}
+    pd.testing.assert_frame_equal(loaded.gains, result.gains, check_dtype=False)
+    assert "| Avg Accuracy Gain w.r.t. MAGIC |" in md and "Pretraining: absent" in md
     fig = plot_accuracy_by_level(pd.read_csv(run.dir / "evaluation" / "metrics.csv"))
     assert [a.get_title() for a in fig.axes] == ["scored against the MAGIC DAG (magic.json)",
                                                  "scored against the world's ground truth"]

@@ -156,3 +156,36 @@ def intervals_and_differences(scores: dict[str, Scores], pairs: list[tuple[str, 
              for a, b in pairs]
     intervals = confidence_intervals([scores[n] for n in names] + diffs, resamples, ci, seed, stream)
     return dict(zip(names, intervals[: len(names)])), dict(zip(pairs, intervals[len(names):]))
+
+
+def set_difference(a: list[Scores], b: list[Scores], resamples: int, ci: float, seed: int,
+                   stream: str = "") -> tuple[Interval, Interval]:
+    """Mean over the models of `a` minus mean over the models of `b`, all scored on the same items, and that
+    difference relative to `b`'s mean (a fraction), each with its paired percentile interval.
+
+    The mean of a set of models is their per-query mean (= the mean of their metrics, since every model has the
+    same queries); both sets are resampled with the same draws (`resample_weights`, as every other interval),
+    and the relative interval is the percentile interval of the resampled difference / resampled mean of `b`.
+    """
+    if not a or not b:
+        raise ValueError("set_difference needs at least one model on each side")
+    units = _check_same_units(list(a) + list(b))
+    mean_a = np.mean([s.values.astype(np.float64) for s in a], axis=0)
+    mean_b = np.mean([s.values.astype(np.float64) for s in b], axis=0)
+    if units.size == 0:
+        nan = Interval(float("nan"), float("nan"), float("nan"), 0, 0)
+        return nan, nan
+    diff_sums, counts, _ = unit_sums(Scores(mean_a - mean_b, units))
+    ref_sums = unit_sums(Scores(mean_b, units))[0]
+    diff, ref = diff_sums.sum() / counts.sum(), ref_sums.sum() / counts.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        relative = diff / ref if ref != 0 else float("nan")
+        if resamples == 0:
+            lows = highs = np.full(2, np.nan)
+        else:
+            est = bootstrap_means(np.stack([diff_sums, ref_sums]), counts,
+                                  resample_weights(counts.size, resamples, seed, stream))
+            lows, highs = _percentiles(np.stack([est[0], est[0] / est[1]]), ci)
+    n_units, n_queries = int(counts.size), int(units.size)
+    return (Interval(float(diff), float(lows[0]), float(highs[0]), n_units, n_queries),
+            Interval(float(relative), float(lows[1]), float(highs[1]), n_units, n_queries))

@@ -2,11 +2,12 @@
 
 Files under `<run>/evaluation/`:
 
-    results.json     protocol, models (with exposure flags), item counts and exclusions, per-seed values,
-                     every metric and paired difference, the automatic reading, provenance
+    results.json     protocol, models (roles and exposure flags), item counts and exclusions, per-seed values,
+                     every metric and paired difference, the automatic reading, the gain rows' notes, provenance
     metrics.csv      one row per model x benchmark x labels x direction x metric x level: value, CI, n, chance
     differences.csv  paired differences between every two models on the same items, with paired CIs
-    table3.csv/.md   Table 3 regenerated (percent, 95% CIs)
+    table3.csv/.md   Table 3 regenerated (percent, 95% CIs); the .md also has the paper's gain rows under it
+    gains.csv        the "Avg Accuracy Gain w.r.t." rows per Table 3 column (points, relative %, paired CIs)
     scores.npz       the per-query scores behind every number (to recompute any interval or difference)
     embeddings/      per-model embedding caches
 """
@@ -51,6 +52,7 @@ RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.csv"
 DIFFERENCES_FILE = "differences.csv"
 SCORES_FILE = "scores.npz"
+GAINS_FILE = "gains.csv"
 Key = tuple[str, str, str, str, str]  # benchmark, labels, direction, metric, level
 
 PROTOCOL = {
@@ -94,6 +96,7 @@ class EvalResults:
     info: dict
     directory: Path
     paths: dict[str, Path] = field(default_factory=dict)
+    gains: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=report.GAIN_COLUMNS))
 
     @property
     def models(self) -> list[str]:
@@ -119,6 +122,10 @@ class EvalResults:
         """How each Table 3 column was computed, the items, the exposures (as in table3.md)."""
         return report.table3_notes(self.info)
 
+    def gain_notes(self) -> list[str]:
+        """How the gain rows under Table 3 were computed, the models in each mean, what is not significant."""
+        return list((self.info.get("gains") or {}).get("notes", []))
+
 
 # ------------------------------------------------------------------------------------------- inputs
 def _default_loader(run: RunContext) -> Callable[[str], ClipModel]:
@@ -129,13 +136,19 @@ def _default_loader(run: RunContext) -> Callable[[str], ClipModel]:
 
 
 def _model_info(run: RunContext) -> list[dict]:
-    """The zero-shot model and every trained run, with what their training saw."""
-    infos = [{"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False}]
+    """The zero-shot model and every trained run, with what their training saw and their role in the gain rows
+    (`report.ModelRole`: fine_tuned_on_magic, objective, pretrain, init), from each run's training summary.json
+    (the params' values where the summary does not say)."""
+    infos = [{"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
+              "fine_tuned_on_magic": False, "objective": "none", "init": None}]
     for r in run.params.train.runs:
         summary_path = run.require(f"training/{r.name}/summary.json", "05_training")
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        infos.append({"name": r.name, "loss": r.loss, "pretrain": r.pretrain,
-                      "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False))})
+        loss = summary.get("loss", r.loss)
+        infos.append({"name": r.name, "loss": loss, "pretrain": summary.get("pretrain", r.pretrain),
+                      "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
+                      "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
+                      "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT)})
     return infos
 
 
@@ -407,7 +420,8 @@ def evaluate_run(run: RunContext, progress: bool = True,
         "settings": {"choices": p.choices, "seeds": p.seeds, "bootstrap": p.bootstrap, "ci": p.ci,
                      "recall_at": p.recall_at, "hierarcaps_batch": p.hierarcaps_batch,
                      "hierarcaps_radii": p.hierarcaps_radii, "fallback_negatives": p.fallback_negatives,
-                     "negative_source": p.negative_source, "bootstrap_unit": p.bootstrap_unit},
+                     "negative_source": p.negative_source, "bootstrap_unit": p.bootstrap_unit,
+                     "bootstrap_seed": params.run.seed},
         "models": models,
         "items": {
             "n_test_images": len(items.image_ids), "n_groups": len(set(items.groups)),
@@ -427,10 +441,13 @@ def evaluate_run(run: RunContext, progress: bool = True,
     }
     info["reading"] = report.read_results(metrics, differences, EvalResults(
         metrics, differences, table, info, out_dir).comparisons())
+    gains, gain_notes = report.gain_rows(metrics, {k: {n: ms.scores for n, ms in v.items()} for k, v in scores.items()},
+                                         report.model_roles(models), p.bootstrap, p.ci, params.run.seed)
+    info["gains"] = {"notes": gain_notes}
     info["seconds"] = round(time.perf_counter() - start, 2)
-    paths = _write(out_dir, run, metrics, differences, table, info, scores)
+    paths = _write(out_dir, run, metrics, differences, table, info, scores, gains)
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=out_dir,
-                       paths=paths)
+                       paths=paths, gains=gains)
 
 
 def _load_hierarcaps(run: RunContext, magic, image_size: Callable[[], int], progress: bool) -> dict:
@@ -469,14 +486,16 @@ def _load_hierarcaps(run: RunContext, magic, image_size: Callable[[], int], prog
 
 
 def _write(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differences: pd.DataFrame, table: pd.DataFrame,
-           info: dict, scores: dict[Key, dict[str, MetricScores]]) -> dict[str, Path]:
+           info: dict, scores: dict[Key, dict[str, MetricScores]], gains: pd.DataFrame) -> dict[str, Path]:
     paths = {"metrics": out_dir / METRICS_FILE, "differences": out_dir / DIFFERENCES_FILE,
              "table3_csv": out_dir / "table3.csv", "table3_md": out_dir / "table3.md",
-             "scores": out_dir / SCORES_FILE, "results": out_dir / RESULTS_FILE}
+             "gains": out_dir / GAINS_FILE, "scores": out_dir / SCORES_FILE, "results": out_dir / RESULTS_FILE}
     metrics.to_csv(paths["metrics"], index=False)
     differences.to_csv(paths["differences"], index=False)
     table.to_csv(paths["table3_csv"])
-    paths["table3_md"].write_text(report.table3_markdown(table, report.table3_notes(info)), encoding="utf-8")
+    gains.to_csv(paths["gains"], index=False)
+    paths["table3_md"].write_text(report.table3_markdown(table, report.table3_notes(info), gains,
+                                                         info["gains"]["notes"]), encoding="utf-8")
     arrays = {}
     for key, by_model in scores.items():
         for model, ms in by_model.items():
@@ -502,8 +521,11 @@ def load_results(run_dir: str | Path) -> EvalResults:
     metrics["exposure"] = metrics["exposure"].fillna("")
     differences = pd.read_csv(directory / DIFFERENCES_FILE)
     table = pd.read_csv(directory / "table3.csv", index_col="model")
+    gains_path = directory / GAINS_FILE  # absent in evaluations written before the gain rows
+    gains = (pd.read_csv(gains_path, dtype={"level": str, "models_a": str, "models_b": str}) if gains_path.is_file()
+             else pd.DataFrame(columns=report.GAIN_COLUMNS))
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=directory,
-                       paths={p.stem: p for p in directory.iterdir() if p.is_file()})
+                       paths={p.stem: p for p in directory.iterdir() if p.is_file()}, gains=gains)
 
 
 def load_scores(run_dir: str | Path) -> dict[tuple[str, ...], dict[str, Scores]]:
