@@ -127,8 +127,13 @@ def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, c
         magic=magic, split=split,
         usable={level: [n.id for n in magic.nodes_at(level) if has_images[n.id]]
                 for level in range(1, magic.l_max + 1)},
-        children={n: [c for c in magic.children(n) if has_images[c]] for n in magic.nodes},
+        children={n: [] for n in magic.nodes},
+        hard={n: [m for m in magic.negatives(n) if has_images.get(m, False)] for n in magic.nodes},  # = negatives(n, split)
         captions={n: [] for n in magic.nodes})
+    for n in sorted(magic.nodes):  # one pass instead of magic.children per node (quadratic in nodes)
+        parent = magic.nodes[n].primary_parent
+        if parent is not None and has_images[n]:
+            context.children[parent].append(n)
     context.top = [n for n in context.usable[magic.l_max] if magic.nodes[n].primary_parent is None]
     for image_id in magic.split_ids(split):
         record = magic.images[image_id]
@@ -144,12 +149,14 @@ def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, c
 
 @dataclass
 class _MagicContext:
-    """What every image of one split shares: usable nodes per level, children, (image, caption) pairs per l1."""
+    """What every image of one split shares: usable nodes per level, children and hard negatives with images of
+    the split, (image, caption) pairs of the split per l1 node."""
 
     magic: MagicFile
     split: str
     usable: dict[int, list[str]]
     children: dict[str, list[str]]
+    hard: dict[str, list[str]]
     captions: dict[str, list[tuple[str, str]]]
     top: list[str] = field(default_factory=list)
 
@@ -172,7 +179,7 @@ def _image_items(ctx: _MagicContext, image_id: str, rng: np.random.Generator, ca
     for depth, node in enumerate(chain):
         level = magic.nodes[node].level
         siblings = ctx.top if depth == 0 else ctx.children[chain[depth - 1]]
-        for source, candidates in (("sibling", siblings), ("hard negative", magic.negatives(node, split=ctx.split)),
+        for source, candidates in (("sibling", siblings), ("hard negative", ctx.hard[node]),
                                    ("fallback", ctx.usable[level])):
             kept = [c for c in candidates if c not in chain and magic.nodes[c].name not in names]
             if kept:
@@ -188,7 +195,7 @@ def _image_items(ctx: _MagicContext, image_id: str, rng: np.random.Generator, ca
 
     l1 = chain[-1]
     for source, nodes in (("same-l1 caption", [l1]),
-                          ("hard-negative caption", magic.negatives(l1, split=ctx.split))):
+                          ("hard-negative caption", ctx.hard[l1])):
         pool = [pair for n in nodes for pair in ctx.captions[n]]
         if _draw(pool, rng, other_caption) is not None:
             break
