@@ -168,3 +168,36 @@ def ref_centroid_loss(image: Tensor, text: Tensor, tau: float, tau_inner: float,
     """Eq. 8."""
     return weighted(ref_centroid_inner(image, text, tau_inner, ids), ref_centroid_outer(image, text, tau, ids),
                     alpha, alpha_on)
+
+
+def ref_exterior_angle(r: Tensor, e: Tensor, e_prime: Tensor, eps: float = 1e-6) -> Tensor:
+    """HierarCaps Xi_r(e, e') = arccos(cos(e - r, e' - e)) of three unit vectors (clamped like cglib.radial)."""
+    a, b = e - r, e_prime - e
+    c = torch.dot(a, b) / (a.norm() * b.norm())
+    return torch.arccos(c.clamp(-1 + eps, 1 - eps))
+
+
+def ref_radial_embedding_loss(root: Tensor, positives: Tensor, negatives: Tensor, frozen_positives: Tensor,
+                              frozen_negatives: Tensor, w_mean: float = 1.0, w_minimax: float = 1.0,
+                              w_reg: float = 10.0) -> dict[str, Tensor]:
+    """HierarCaps RE loss, literally: triplets (P_i, P_{i+1}, N_i) item by item, then mean, mini-max and L_reg."""
+    r = unit(root)
+    b, k = positives.shape[:2]
+    triplets = []  # (L_RE, positive angle, negative angle)
+    for item in range(b):
+        p = [unit(positives[item, i]) for i in range(k)]
+        n = [unit(negatives[item, i]) for i in range(k)]
+        for i in range(k - 1):
+            pos, neg = ref_exterior_angle(r, p[i], p[i + 1]), ref_exterior_angle(r, p[i], n[i])
+            triplets.append((pos - neg, pos, neg))
+    mean = sum(t[0] for t in triplets) / len(triplets)
+    largest_pos = max(range(len(triplets)), key=lambda t: triplets[t][1].item())
+    smallest_neg = min(range(len(triplets)), key=lambda t: triplets[t][2].item())
+    minimax = triplets[largest_pos][0] + triplets[smallest_neg][0]
+    cosines = [cos(texts[item, i], frozen[item, i]) for texts, frozen in ((positives, frozen_positives),
+                                                                          (negatives, frozen_negatives))
+               for item in range(b) for i in range(k)]
+    reg = (1 - sum(cosines) / len(cosines)) / 2
+    return {"loss": w_mean * mean + w_minimax * minimax + w_reg * reg, "mean": mean, "minimax": minimax,
+            "reg": reg, "angle_pos": sum(t[1] for t in triplets) / len(triplets),
+            "angle_neg": sum(t[2] for t in triplets) / len(triplets)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import hashlib
 import io
 import random
@@ -29,6 +31,7 @@ from cglib.data.download import (
     extract_zip,
     file_digest,
 )
+from cglib.data.hierarcaps_train import load_hierarcaps_train
 
 PAYLOAD = random.Random(0).randbytes(300_000)  # not a multiple of the 1 MiB chunk, nor of anything else
 
@@ -274,16 +277,44 @@ def test_hierarcaps_images_from_csv(server: tuple[str, ServerState], tmp_path: P
         download_hierarcaps_images(csv_path, tmp_path / "imgs", progress=False, retries=0)
 
 
+UNCHECKED_DOWNLOADS = {"hierarcaps-train"}  # no published checksum (see HIERARCAPS_TRAIN in download.py)
+
+
 def test_registry_is_well_formed() -> None:
-    """Every named download has https/http URLs on the expected hosts, a checksum and outputs."""
-    assert {"coco-annotations", "coco-images", "hierarcaps"} <= set(NAMED_DOWNLOADS)
+    """Every named download has https/http URLs on the expected hosts, a checksum (but the listed) and outputs."""
+    assert {"coco-annotations", "coco-images", "hierarcaps", "hierarcaps-train"} <= set(NAMED_DOWNLOADS)
     for name, entry in NAMED_DOWNLOADS.items():
         assert entry.files and entry.outputs and entry.description, name
         for remote in entry.files:
-            hosts = ("http://images.cocodataset.org/", "https://raw.githubusercontent.com/")
+            hosts = ("http://images.cocodataset.org/", "https://raw.githubusercontent.com/",
+                     "https://huggingface.co/datasets/tau-vailab/HierarCaps/")
             assert remote.url.startswith(hosts)
             assert remote.url.endswith(remote.file_name)
-            assert len(remote.md5 or "") == 32 or len(remote.sha256 or "") == 64, name
+            if name not in UNCHECKED_DOWNLOADS:
+                assert len(remote.md5 or "") == 32 or len(remote.sha256 or "") == 64, name
+
+
+def test_hierarcaps_train_download_then_load(server: tuple[str, ServerState], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hierarcaps-train` pointed at the local server fetches the gzip CSV byte for byte (no checksum to check,
+    no extraction), and load_hierarcaps_train reads it: good rows kept, bad rows counted."""
+    base, state = server
+    rows = ['"a => b => c => a dog runs","x => y => z => a cat sits"',
+            '"animal => dog => puppy => a puppy sleeps","plant => tree => oak => an oak grows"',
+            '"only => three => tiers","x => y => z => w"']
+    body = gzip.compress(("positive,negative\n" + "\n".join(rows) + "\n").encode("utf-8"))
+    state.files["hierarcaps_train.csv.gz"] = body
+    real = NAMED_DOWNLOADS["hierarcaps-train"]
+    assert real.files[0].sha256 is None and real.files[0].md5 is None and not real.files[0].extract
+    local = dataclasses.replace(real.files[0], url=f"{base}/range/hierarcaps_train.csv.gz")
+    monkeypatch.setitem(NAMED_DOWNLOADS, "hierarcaps-train", dataclasses.replace(real, files=(local,)))
+    (out,) = download_named("hierarcaps-train", tmp_path / "hc", progress=False)
+    assert out == tmp_path / "hc" / "hierarcaps_train.csv.gz" and out.read_bytes() == body
+    items, skipped = load_hierarcaps_train(out)
+    assert [item.positives for item in items] == [("a", "b", "c", "a dog runs"),
+                                                  ("animal", "dog", "puppy", "a puppy sleeps")]
+    assert items[1].negatives == ("plant", "tree", "oak", "an oak grows")
+    assert skipped == {"wrong number of tiers": 1}
 
 
 def test_hierarcaps_checksum_matches_the_published_csv(shared_data: Path) -> None:

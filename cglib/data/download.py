@@ -237,6 +237,12 @@ HIERARCAPS_CSV = RemoteFile(
     f"https://raw.githubusercontent.com/TAU-VAILab/hierarcaps/{HIERARCAPS_COMMIT}/data/hierarcaps_test.csv",
     "hierarcaps_test.csv", sha256="3474564194fd2a85e1d8f4dbe6e040c795e94677b2982cfb161b14908cae33b0",
     size_bytes=196_471)
+# The ~70k train hierarchies of the Radial Embedding objective (cglib.radial), from the authors' Hugging Face
+# dataset repo. No checksum is published and none has been recorded here yet, so sha256/md5 stay None (the
+# file is not verified; `main` is not pinned to a revision either).
+HIERARCAPS_TRAIN = RemoteFile(
+    "https://huggingface.co/datasets/tau-vailab/HierarCaps/resolve/main/hierarcaps_train.csv.gz",
+    "hierarcaps_train.csv.gz")
 
 NAMED_DOWNLOADS: dict[str, NamedDownload] = {
     "coco-annotations": NamedDownload(
@@ -254,6 +260,9 @@ NAMED_DOWNLOADS: dict[str, NamedDownload] = {
         (HIERARCAPS_CSV,), ("hierarcaps_test.csv", "test_imgs"),
         then=lambda dest, progress: download_hierarcaps_images(
             dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress)),
+    "hierarcaps-train": NamedDownload(
+        "HierarCaps train hierarchies for the RE baseline (gzip CSV from the authors' Hugging Face dataset, "
+        "no checksum)", (HIERARCAPS_TRAIN,), ("hierarcaps_train.csv.gz",)),
 }
 
 
