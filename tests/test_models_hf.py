@@ -7,6 +7,7 @@ vocabulary) is saved with its tokenizer and image processor to a temporary direc
 from __future__ import annotations
 
 import json
+import pickle
 import string
 
 import numpy as np
@@ -90,6 +91,7 @@ def test_build_gives_unit_norm_features_of_the_checkpoints_size(bundle):
     tokens = bundle.tokenizer(TEXTS)
     assert tokens.dtype == torch.long and tokens.shape == (len(TEXTS), 16)
     assert int(tokens[-1, -1]) == bundle.tokenizer.tokenizer.eos_token_id  # truncated, still ends with EOS
+    assert torch.equal(pickle.loads(pickle.dumps(bundle.tokenizer))(TEXTS), tokens)  # DataLoader workers
 
 
 def test_features_equal_transformers_own(bundle, hf_dir):
@@ -269,3 +271,26 @@ def test_local_path_that_is_not_a_clip_directory(tmp_path, hf_dir):
     (tmp_path / "models" / "clip").symlink_to(hf_dir)
     params = parse_params({"model": {"source": "hf", "name": "models/clip"}}, tmp_path)
     assert params.model.name == str(tmp_path / "models" / "clip")
+
+
+def test_training_and_load_trained_with_an_hf_checkpoint(hf_dir, tmp_path):
+    """The training loop end to end on tiny_magic (textual pretraining included), then load_trained."""
+    from safetensors.torch import load_file
+    from test_train import make_run
+
+    from cglib.train import load_trained, train_all
+
+    runs = [{"name": "clip", "loss": "clip"}, {"name": "pw", "loss": "pairwise", "pretrain": "leakage_free"}]
+    run = make_run(tmp_path, model={"source": "hf", "name": str(hf_dir)}, epochs=1, runs=runs)
+    summaries = train_all(run, progress=False)
+    assert summaries["clip"]["model"]["activation"] == "quick_gelu"
+    initial = load_file(str(tmp_path / "training" / "initial.safetensors"))
+    reference = transformers.CLIPModel.from_pretrained(hf_dir).state_dict()
+    assert torch.equal(initial["visual.visual_projection.weight"], reference["visual_projection.weight"])
+    pixels = _pixels(n=2, size=32)
+    zero = load_trained(run.params, run.dir, "zero-shot")
+    for name in ("clip", "pw"):
+        trained = load_trained(run.params, run.dir, name)
+        assert not np.array_equal(encode_images(trained, pixels), encode_images(zero, pixels)), name
+    pw = load_trained(run.params, run.dir, "pw")
+    assert not np.array_equal(encode_texts(pw, TEXTS), encode_texts(zero, TEXTS))  # pretraining moved the text tower
