@@ -140,9 +140,14 @@ def load_clip(name: str, weights: bool = True) -> torch.nn.Module:
 
     check_hf_name(name)
     _quiet()
-    if weights:
-        return transformers.CLIPModel.from_pretrained(name, dtype=torch.float32)
-    return transformers.CLIPModel(transformers.CLIPConfig.from_pretrained(name))
+    try:
+        if weights:
+            return transformers.CLIPModel.from_pretrained(name, dtype=torch.float32)
+        return transformers.CLIPModel(transformers.CLIPConfig.from_pretrained(name))
+    except OSError as exc:
+        raise ValueError(f"model.name '{name}' could not be loaded as a Hugging Face CLIP checkpoint "
+                         f"({str(exc).splitlines()[0]}); check the Hub id, the network (HF_HUB_OFFLINE) or the "
+                         "local directory") from None
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -266,6 +266,8 @@ def test_local_path_that_is_not_a_clip_directory(tmp_path, hf_dir):
     (tmp_path / "w.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="is a file"):
         build_model(ModelParams(source="hf", name=str(tmp_path / "w.bin")))
+    with pytest.raises(ValueError, match="model.name 'nobody/no-such-clip' could not be loaded"):
+        build_model(ModelParams(source="hf", name="nobody/no-such-clip"))  # offline (conftest): no download
     # a directory relative to the repo root resolves against it
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "clip").symlink_to(hf_dir)
