@@ -156,12 +156,20 @@ class MagicParams(Section):
 
 # ------------------------------------------------------------------------------------------- model
 class ModelParams(Section):
+    source: Literal["open_clip", "hf"] = Field(
+        "open_clip", description="Where the model comes from: open_clip (an architecture or cglib config) or hf (a "
+        "Hugging Face transformers CLIP checkpoint: model.name is a Hub id such as openai/clip-vit-base-patch32 or a "
+        "local directory with its config.json).")
     name: str = Field("cglib-demo-vit", description="open_clip architecture (e.g. ViT-B-32) or a cglib config "
-                      "(cglib-demo-vit, cglib-tiny-vit).")
+                      "(cglib-demo-vit, cglib-tiny-vit); with source: hf, a Hub id or a local CLIP directory.")
+    hf_state_dict: Path | None = Field(
+        None, description="source: hf only: a Hugging Face CLIP state dict (.bin / .pt / .safetensors, CLIPModel keys) "
+        "loaded on top of model.name's weights, e.g. the released HierarCaps fine-tuned weights.")
     pretrained: str | None = Field(None, description="open_clip pretrained tag (e.g. openai); null = random init.")
     checkpoint: Path | None = Field(None, description="Local checkpoint to start from (safetensors or torch state dict).")
     text_tower: Literal["open_clip", "minilm"] = Field(
-        "minilm", description="open_clip: the architecture's own text tower; minilm: the offline pretrained MiniLM.")
+        "minilm", description="open_clip: the architecture's own text tower; minilm: the offline pretrained MiniLM "
+        "(with source: hf the checkpoint's own tower: unset means open_clip).")
     freeze_text: bool = Field(True, description="Freeze the text tower (lets text embeddings be computed once).")
     image_size: int | None = Field(None, ge=16, le=1024, description="Override the image tower's input size.")
     embed_dim: int | None = Field(None, ge=8, le=4096, description="Override the joint embedding size (cglib configs).")
@@ -172,11 +180,46 @@ class ModelParams(Section):
         "before the activation followed the tag).")
     pretrained_weights: bool = Field(True, description="false: resolve the pretrained tag (its config: activation, "
                                      "preprocessing) but neither download nor load its weights (random init; the "
-                                     "rehearsal profile, where no weights can be fetched).")
+                                     "rehearsal profile, where no weights can be fetched); with source: hf, build from the "
+                                     "checkpoint's config.json alone.")
     arch_overrides: dict[Literal["vision_cfg", "text_cfg"], dict[str, int]] | None = Field(
         None, description="Entries of the open_clip architecture's vision_cfg / text_cfg to override, e.g. "
         "{text_cfg: {layers: 2, width: 128, heads: 2}}: smaller towers on the same code path (the rehearsal). "
         "The tag's weights no longer fit, so this needs pretrained_weights: false.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hf_text_tower(cls, data: Any) -> Any:
+        """With source: hf the text tower is the checkpoint's own, so an unset text_tower means open_clip."""
+        if isinstance(data, dict) and data.get("source") == "hf" and "text_tower" not in data:
+            data = {**data, "text_tower": "open_clip"}
+        return data
+
+    @model_validator(mode="after")
+    def _hf_options(self) -> ModelParams:
+        if self.source != "hf":
+            if self.hf_state_dict is not None:
+                raise ValueError("model.hf_state_dict applies to Hugging Face checkpoints only; set model.source: hf "
+                                 "(model.name a Hub id or CLIP directory), or use model.checkpoint for open_clip")
+            return self
+        fixes = {
+            "pretrained": "with source: hf the weights come from model.name (Hub id or local directory); remove "
+                          "model.pretrained",
+            "arch_overrides": "the architecture is the checkpoint's config.json; remove model.arch_overrides",
+            "image_size": "the input size is the checkpoint's (its processor config); remove model.image_size",
+            "embed_dim": "the joint size is the checkpoint's projection_dim; remove model.embed_dim",
+            "force_activation": "the activation is the checkpoint config's hidden_act; remove model.force_activation",
+        }
+        for key, fix in fixes.items():
+            if getattr(self, key) is not None:
+                raise ValueError(f"model.{key} is an open_clip option and does not apply to source: hf; {fix}")
+        if self.text_tower == "minilm":
+            raise ValueError("model.text_tower: minilm is not available with source: hf (the checkpoint has its own "
+                             "text tower); remove model.text_tower or set it to open_clip")
+        if self.name.startswith("cglib-"):
+            raise ValueError(f"model.name '{self.name}' is a cglib config, not a Hugging Face checkpoint; with "
+                             "source: hf set a Hub id (openai/clip-vit-base-patch32) or a local CLIP directory")
+        return self
 
     @model_validator(mode="after")
     def _overrides_without_weights(self) -> ModelParams:
@@ -401,6 +444,8 @@ def _check_paths(params: Params, root: Path) -> list[str]:
         needed += [("data.hierarcaps_csv", d.hierarcaps_csv), ("data.hierarcaps_images", d.hierarcaps_images)]
     if params.model.checkpoint is not None:
         needed.append(("model.checkpoint", params.model.checkpoint))
+    if params.model.hf_state_dict is not None:
+        needed.append(("model.hf_state_dict", params.model.hf_state_dict))
     errors = []
     for key, path in needed:
         if path is None:
@@ -420,10 +465,14 @@ def resolve_paths(params: Params, root: Path) -> Params:
         p = data["data"][key]
         if p is not None and not Path(p).is_absolute():
             data["data"][key] = root / p
-    for section, key in (("model", "checkpoint"), ("llm", "cache_path"), ("llm", "offline_taxonomy")):
+    for section, key in (("model", "checkpoint"), ("model", "hf_state_dict"), ("llm", "cache_path"),
+                         ("llm", "offline_taxonomy")):
         p = data[section][key]
         if p is not None and not Path(p).is_absolute():
             data[section][key] = root / p
+    name = data["model"]["name"]
+    if data["model"]["source"] == "hf" and not Path(name).is_absolute() and (root / name).is_dir():
+        data["model"]["name"] = str(root / name)  # a local CLIP directory relative to the repo root
     if not Path(data["run"]["output_dir"]).is_absolute():
         data["run"]["output_dir"] = root / data["run"]["output_dir"]
     return Params.model_validate(data)

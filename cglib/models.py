@@ -1,5 +1,8 @@
 """CLIP models through open_clip: the paper's ViT-B/32, small configs for CPU, the demo's ViT + MiniLM text tower.
 
+`model.source: hf` builds a Hugging Face transformers CLIP checkpoint instead, behind the same interface
+(`cglib.hf_clip`: Hub id or local directory, plus an optional `model.hf_state_dict` such as HierarCaps' weights).
+
 `build_model(params.model)` returns a `ClipModel`: the open_clip module, its tokenizer and image normalisation.
 The project's own configs are registered with open_clip at import:
 
@@ -165,8 +168,8 @@ class ClipModel:
     embed_dim: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    text_tower: str
-    activation: Activation = "gelu"  # MLP activation of both towers, as resolve_activation decided
+    text_tower: str  # "open_clip", "minilm" or "hf" (a transformers CLIP checkpoint's own tower)
+    activation: Activation | str = "gelu"  # MLP activation of both towers (resolve_activation, or HF's hidden_act)
     activation_source: str = "architecture"  # why that activation (tag, architecture or model.force_activation)
 
     @property
@@ -183,6 +186,8 @@ class ClipModel:
     def text_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters of the text tower (token embedding, transformer, projection) - what `freeze_text` freezes."""
         m = self.model
+        if hasattr(m, "text_model"):  # HFClipAdapter (transformers CLIP): text transformer + projection
+            return [*m.text_model.parameters(), *m.text_projection.parameters()]
         if hasattr(m, "text"):  # CustomTextCLIP (HF text tower)
             return list(m.text.parameters())
         names = ("token_embedding", "transformer", "ln_final", "text_projection", "positional_embedding")
@@ -263,8 +268,34 @@ def tag_without_weights(params: ModelParams, arch: str) -> dict[str, Any]:
     return kwargs
 
 
+def build_hf_model(params: ModelParams, device: str | torch.device = "cpu") -> ClipModel:
+    """`model.source: hf`: a transformers CLIP checkpoint (Hub id or directory) behind the open_clip interface.
+
+    The weights of `model.name` (none with `pretrained_weights: false`: its config.json alone), then
+    `model.hf_state_dict` on top, then `model.checkpoint` (a project weights file of the adapter).
+    """
+    from cglib import hf_clip
+
+    clip = hf_clip.load_clip(params.name, weights=params.pretrained_weights)
+    if params.hf_state_dict is not None:
+        hf_clip.apply_state_dict(clip, params.hf_state_dict)
+    config = clip.config
+    size, mean, std = hf_clip.preprocessing(params.name, config)
+    model = hf_clip.HFClipAdapter(clip).to(device)
+    if params.checkpoint is not None:
+        load_weights(model, params.checkpoint)
+    bundle = ClipModel(model=model, tokenizer=hf_clip.load_tokenizer(params.name, config), name=params.name,
+                       image_size=size, embed_dim=model.visual.output_dim, mean=mean, std=std, text_tower="hf",
+                       activation=hf_clip.activation(config), activation_source=hf_clip.CONFIG_SOURCE)
+    if params.freeze_text:
+        bundle.set_text_trainable(False)
+    return bundle
+
+
 def build_model(params: ModelParams, device: str | torch.device = "cpu") -> ClipModel:
     """Create the model named in params (pretrained tag or random init), load a checkpoint, freeze the text tower."""
+    if params.source == "hf":
+        return build_hf_model(params, device)
     if params.name in CGLIB_CONFIGS:
         if params.pretrained:
             raise ValueError(f"model.pretrained must be null for the project config {params.name} "
@@ -313,8 +344,11 @@ def architecture_params(params: ModelParams) -> ModelParams:
 
     Dropping `pretrained` alone would lose the tag's activation (OpenAI's weights need QuickGELU, which the plain
     `ViT-B-32` does not select) and its preprocessing, so the resolved activation is pinned in `force_activation`
-    and a registry tag is kept with `pretrained_weights: false` (its config, never its weights).
+    and a registry tag is kept with `pretrained_weights: false` (its config, never its weights). An HF checkpoint
+    (`source: hf`) is rebuilt from its config.json alone, whose hidden_act fixes the activation.
     """
+    if params.source == "hf":
+        return params.model_copy(update={"pretrained_weights": False, "checkpoint": None, "hf_state_dict": None})
     choice = resolve_activation(params.name, params.pretrained, params.force_activation)
     registry_tag = (params.pretrained is not None and params.name not in CGLIB_CONFIGS
                     and bool(open_clip.get_pretrained_cfg(choice.arch, params.pretrained)))

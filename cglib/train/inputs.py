@@ -27,6 +27,10 @@ def model_image_size(params: Params) -> int:
     """The input size of params.model (the training image cache is built at it)."""
     if params.model.image_size is not None:
         return params.model.image_size
+    if params.model.source == "hf":
+        from cglib.hf_clip import image_size
+
+        return image_size(params.model.name)
     from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
 
     name = params.model.name

@@ -66,6 +66,8 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
     from cglib.models import resolve_activation
 
     m = params.model
+    if m.source == "hf":  # the checkpoint's config decides, whatever the weights
+        return bundle.info()
     return {**bundle.info(), "activation_source": resolve_activation(m.name, m.pretrained, m.force_activation).source}
 
 

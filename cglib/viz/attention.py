@@ -1,4 +1,5 @@
-"""Attention maps of open_clip ViT image towers: class-token attention, rollout, text-conditioned patch maps.
+"""Attention maps of ViT image towers (open_clip, or transformers CLIP with `model.source: hf`): class-token
+attention, rollout, text-conditioned patch maps.
 
 open_clip's `ResidualAttentionBlock` calls `nn.MultiheadAttention(..., need_weights=False)`, so the weights are
 never materialised. We recompute them: a forward hook on each block's `ln_1` sees the normalised tokens the
@@ -10,6 +11,11 @@ read, so the model's outputs are bit-identical with and without extraction (test
   rows, multiply across layers (`R = A'_L ... A'_1`); rows stay on the simplex.
 - Text-conditioned map: every final patch token goes through `ln_post` and `proj` exactly as the class token
   does, and its cosine with a caption or concept embedding is drawn over the image.
+
+A transformers CLIP vision tower (`cglib.hf_clip.HFVisual`) is read the same way: a hook on each encoder layer's
+`layer_norm1` and `softmax(q k^T * scale)` from its `self_attn.q_proj` / `k_proj` (equal to what transformers
+returns with eager attention and `output_attentions=True`, whatever attention implementation runs); patch tokens
+go through `post_layernorm` and `visual_projection` as the pooled class token does.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
+from cglib.hf_clip import HFVisual
 from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel, encode_texts, pixels_to_tensor
 
@@ -70,9 +77,12 @@ class AttentionMaps:
         return cos.reshape(cos.shape[0], *self.grid)
 
 
-def vision_transformer(bundle: ClipModel) -> VisionTransformer:
-    """The model's open_clip ViT image tower; a clear error for towers whose attention we cannot read."""
+def vision_transformer(bundle: ClipModel) -> VisionTransformer | HFVisual:
+    """The model's ViT image tower (open_clip's, or a transformers CLIP one); a clear error for towers whose
+    attention we cannot read."""
     visual = bundle.model.visual
+    if isinstance(visual, HFVisual):
+        return visual
     if not isinstance(visual, VisionTransformer):
         raise TypeError(f"attention maps need an open_clip VisionTransformer image tower; {bundle.name} has "
                          f"{type(visual).__name__} (use a ViT architecture such as ViT-B-32 or cglib-demo-vit)")
@@ -112,6 +122,45 @@ def attention_rollout(attentions: torch.Tensor) -> torch.Tensor:
     return rollout
 
 
+def hf_head_attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Per-head attention weights of a transformers CLIPAttention on its input x (n, L, D): (n, heads, L, L)."""
+    n, length = x.shape[:2]
+    h, hd = attn.num_heads, attn.head_dim
+    q = attn.q_proj(x).view(n, length, h, hd).transpose(1, 2)
+    k = attn.k_proj(x).view(n, length, h, hd).transpose(1, 2)
+    return torch.softmax((q @ k.transpose(-1, -2)) * attn.scale, dim=-1)
+
+
+class _HFRecorder:
+    """Hooks on a transformers CLIP vision tower: each layer's layer_norm1 output and the final tokens."""
+
+    def __init__(self, visual: HFVisual) -> None:
+        self.visual = visual
+        self.layers: list[torch.Tensor] = []
+        self.final: torch.Tensor | None = None
+
+    def _hook(self, attn: torch.nn.Module):
+        def hook(_module, _inputs, out):
+            self.layers.append(hf_head_attention(attn, out).float().cpu())
+        return hook
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        vm = self.visual.vision_model
+        handles = [layer.layer_norm1.register_forward_hook(self._hook(layer.self_attn))
+                   for layer in vm.encoder.layers]
+        try:
+            result = vm(pixel_values=x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.final = result.last_hidden_state
+        return self.visual.visual_projection(result.pooler_output)
+
+    def projected_tokens(self) -> torch.Tensor:
+        """Every final token through post_layernorm and the projection, as the pooled class token goes."""
+        return self.visual.visual_projection(self.visual.vision_model.post_layernorm(self.final))
+
+
 class _Recorder:
     """Forward hooks that read (never modify) each block's ln_1 output and the transformer's final tokens."""
 
@@ -143,6 +192,11 @@ class _Recorder:
                 handle.remove()
         return out[0] if isinstance(out, tuple) else out
 
+    def projected_tokens(self) -> torch.Tensor:
+        """Every final token through ln_post and proj, as the class token goes."""
+        tokens = self.visual.ln_post(self.final)
+        return tokens @ self.visual.proj if self.visual.proj is not None else tokens
+
 
 @torch.no_grad()
 def extract_attention(bundle: ClipModel, pixels: np.ndarray | torch.Tensor, batch_size: int = 64) -> AttentionMaps:
@@ -156,10 +210,9 @@ def extract_attention(bundle: ClipModel, pixels: np.ndarray | torch.Tensor, batc
     attn, patch, cls, outs = [], [], [], []
     try:
         for start in range(0, len(x_all), batch_size):
-            rec = _Recorder(visual)
+            rec = _HFRecorder(visual) if isinstance(visual, HFVisual) else _Recorder(visual)
             out = rec.run(x_all[start:start + batch_size].to(bundle.device))
-            tokens = visual.ln_post(rec.final)
-            tokens = tokens @ visual.proj if visual.proj is not None else tokens
+            tokens = rec.projected_tokens()
             attn.append(torch.stack(rec.layers))
             patch.append(tokens[:, 1:].float().cpu())
             cls.append(tokens[:, 0].float().cpu())
