@@ -1,8 +1,8 @@
 """`cglib` command line: validate params, run the notebook series, regenerate figures, write a run's HTML report,
 download or write data.
 
-Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written), 2 bad input (params,
-arguments, not a run directory),
+Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written; `evaluate-model`: the
+model could not be loaded), 2 bad input (params, arguments, a model spec, not a run directory),
 3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
 4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
 5 `status`: the run is still running.
@@ -131,6 +131,69 @@ def _report(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def parse_model_spec(spec: str, run_model):
+    """`--model SPEC`: a YAML/JSON mapping like an eval.zoo entry's `model` ('{name: ViT-B-32, pretrained: openai}')
+    or a checkpoint path (loaded into the run's own architecture). ValueError with the fix otherwise."""
+    import yaml
+    from pydantic import ValidationError
+
+    from cglib.config import ZooModelParams, _format_error
+    from cglib.models import architecture_params
+
+    try:
+        raw = yaml.safe_load(spec)
+    except yaml.YAMLError:
+        raw = spec
+    if isinstance(raw, dict):
+        try:
+            return ZooModelParams.model_validate({"name": "model", "model": raw}).model
+        except ValidationError as exc:
+            lines = [_format_error(e) for e in exc.errors()]
+            raise ValueError("bad --model spec: " + "; ".join(lines)) from None
+    path = Path(str(spec))
+    if isinstance(raw, str) and (path.suffix in (".safetensors", ".pt", ".pth", ".bin") or path.is_file()):
+        return architecture_params(run_model).model_copy(update={"checkpoint": path.resolve()})
+    raise ValueError(f"bad --model spec {spec!r}: pass a mapping like '{{name: ViT-B-32, pretrained: openai}}' "
+                     "(the keys of the model section) or the path of a checkpoint (.safetensors, .pt) of the run's "
+                     "architecture")
+
+
+def _evaluate_model(args: argparse.Namespace) -> int:
+    from cglib.evaluate import report
+    from cglib.evaluate.pipeline import ModelLoadError, evaluate_model
+    from cglib.run import RunContext, seed_everything, set_threads
+    from cglib.train.checkpoint import INITIAL
+
+    params = load_params(args.params, check_paths=False)
+    run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
+    needed = {"magic/magic.json": "03_magic_dag", "captions/dataset.json": "01_captions",
+              f"training/{INITIAL}": "05_training (the zero-shot model)"}
+    absent = [f"{rel} (written by {nb})" for rel, nb in needed.items() if not (run_dir / rel).is_file()]
+    if absent:
+        print(f"error: {run_dir} is not a finished run folder: missing {', '.join(absent)}; pass --run-dir "
+              "outputs/<run> of these params, or run the pipeline up to 05 first", file=sys.stderr)
+        return 2
+    try:
+        spec = parse_model_spec(args.model, params.model)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seed_everything(params.run.seed)
+    set_threads(params.run.threads)
+    run = RunContext(params=params, dir=run_dir, params_path=Path(args.params))
+    try:
+        result = evaluate_model(run, spec, args.name, progress=not args.quiet)
+    except ModelLoadError as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.markdown_table(report.table3_display(result.table3)))
+    print(f"results: {result.directory} (metrics.csv, table3.md, results.json)")
+    return 0
+
+
 def _download(args: argparse.Namespace) -> int:
     from cglib.data.download import download_named
 
@@ -204,6 +267,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out", help="report folder (default: RUN_DIR/report); open its index.html")
     p.set_defaults(func=_report)
+
+    p = sub.add_parser("evaluate-model", help="score one more model (e.g. OpenAI's CLIP) on a finished run's MAGIC "
+                       "items next to its zero-shot model, without training; writes RUN/evaluation/models/NAME/ "
+                       "and prints its Table 3 row; exit 0 ok, 1 the model could not be loaded, 2 bad params or "
+                       "spec, or not a run folder")
+    p.add_argument("params")
+    p.add_argument("--model", required=True, help="a YAML mapping of model-section keys, e.g. '{name: ViT-B-32, "
+                   "pretrained: openai}', or a checkpoint path (the run's architecture)")
+    p.add_argument("--name", help="row name (default: from the spec, e.g. ViT-B-32-openai)")
+    p.add_argument("--run-dir", help="the run folder (default: <run.output_dir>/<run.name>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_evaluate_model)
 
     from cglib.data.download import NAMED_DOWNLOADS
 

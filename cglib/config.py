@@ -310,6 +310,29 @@ class TrainParams(Section):
 
 
 # -------------------------------------------------------------------------------------------- eval
+ZERO_SHOT_NAME = "zero-shot"  # the untrained initial model's row name (cglib.evaluate.pipeline.ZERO_SHOT)
+MINILM_CONFIGS = ("cglib-demo-vit", "cglib-tiny-vit")  # cglib configs whose default text tower is MiniLM
+
+
+class ZooModelParams(Section):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Row name of the zoo model in the results.")
+    model: ModelParams = Field(..., description="The model, as the `model` section: an open_clip architecture + "
+                               "pretrained tag (e.g. {name: ViT-B-32, pretrained: openai}), a cglib config, a local "
+                               "checkpoint (checkpoint: PATH with its architecture), later HF ids. Unset text_tower "
+                               "means open_clip except for cglib-demo-vit and cglib-tiny-vit (MiniLM).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_text_tower(cls, data: Any) -> Any:
+        """A reference model keeps its own text tower: an unset text_tower is open_clip (MiniLM for the cglib
+        configs built around it)."""
+        if isinstance(data, dict) and isinstance(data.get("model"), dict):
+            model = data["model"]
+            if "text_tower" not in model and model.get("name", "cglib-demo-vit") not in MINILM_CONFIGS:
+                data = {**data, "model": {**model, "text_tower": "open_clip"}}
+        return data
+
+
 class EvalParams(Section):
     choices: int = Field(2, ge=2, description="M of the forced-choice protocol (paper: 2).")
     recall_at: list[int] = Field(default_factory=lambda: [1, 5, 10], description="k values for gallery R@k.")
@@ -334,6 +357,22 @@ class EvalParams(Section):
         "(LLM_gen failed) in the generalized-caption column; default false: left out and counted.")
     coco_retrieval: bool = Field(True, description="Caption retrieval on the test split's original captions.")
     batch_size: int = Field(256, ge=1, description="Encoding batch size.")
+    zoo: list[ZooModelParams] = Field(
+        default_factory=list, description="Frozen reference models scored on the same items as the trained ones "
+        "(rows of metrics.csv, differences.csv, Table 3; in no gain set), each {name: ROW, model: {a model "
+        "section}}; one whose weights cannot be loaded is skipped with a warning (results.json zoo_skipped).")
+
+    @field_validator("zoo")
+    @classmethod
+    def _zoo_names(cls, zoo: list[ZooModelParams]) -> list[ZooModelParams]:
+        names = [z.name for z in zoo]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate zoo names {dupes}; give every entry of eval.zoo its own name")
+        if ZERO_SHOT_NAME in names:
+            raise ValueError(f"'{ZERO_SHOT_NAME}' is the untrained model's row; rename that eval.zoo entry "
+                             "(e.g. clip-openai)")
+        return zoo
 
     @field_validator("recall_at")
     @classmethod
@@ -388,6 +427,10 @@ class Params(Section):
         if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
             raise ValueError("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
                              f"'{self.data.source}' use train.base.corpus: magic_train (or none)")
+        clash = sorted({z.name for z in self.eval.zoo} & {r.name for r in self.train.runs})
+        if clash:
+            raise ValueError(f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
+                             "(every row of Table 3 needs its own name)")
         if self.llm.backend == "oracle" and self.data.source != "synthetic":
             raise ValueError("llm.backend 'oracle' needs the synthetic world's ground truth; "
                              "use data.source: synthetic or another backend")
@@ -470,9 +513,13 @@ def resolve_paths(params: Params, root: Path) -> Params:
         p = data[section][key]
         if p is not None and not Path(p).is_absolute():
             data[section][key] = root / p
-    name = data["model"]["name"]
-    if data["model"]["source"] == "hf" and not Path(name).is_absolute() and (root / name).is_dir():
-        data["model"]["name"] = str(root / name)  # a local CLIP directory relative to the repo root
+    for model in [data["model"], *(z["model"] for z in data["eval"]["zoo"])]:
+        for key in ("checkpoint", "hf_state_dict"):
+            if model is not data["model"] and model[key] is not None and not Path(model[key]).is_absolute():
+                model[key] = root / model[key]
+        name = model["name"]
+        if model["source"] == "hf" and not Path(name).is_absolute() and (root / name).is_dir():
+            model["name"] = str(root / name)  # a local CLIP directory relative to the repo root
     if not Path(data["run"]["output_dir"]).is_absolute():
         data["run"]["output_dir"] = root / data["run"]["output_dir"]
     return Params.model_validate(data)
@@ -555,6 +602,10 @@ def schema_table() -> list[dict[str, str]]:
                          "meaning": field.description or ""})
             if name == "runs":
                 walk(TrainRunParams, key + "[].")
+            if name == "zoo":
+                for sub, f in ZooModelParams.model_fields.items():
+                    rows.append({"key": f"{key}[].{sub}", "type": "model section" if sub == "model" else "str",
+                                 "default": "(required)", "meaning": f.description or ""})
 
     walk(Params, "")
     return rows

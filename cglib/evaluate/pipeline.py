@@ -10,12 +10,21 @@ Files under `<run>/evaluation/`:
     gains.csv        the "Avg Accuracy Gain w.r.t." rows per Table 3 column (points, relative %, paired CIs)
     scores.npz       the per-query scores behind every number (to recompute any interval or difference)
     embeddings/      per-model embedding caches
+    models/<NAME>/   `evaluate_model`: one more model (and the zero-shot model for reference) on the same items,
+                     the same files (its own embeddings/ cache; the zero-shot model's is the run's)
+
+Zoo models (`eval.zoo`): frozen reference models (an open_clip name + pretrained tag, a cglib config, a local
+checkpoint: a `model` section each) scored on exactly the same items, at their own input size; rows of every file,
+role `zoo` (in no gain set); one whose weights cannot be loaded is skipped with a warning and listed in
+results.json `zoo_skipped` and under table3.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,10 +34,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cglib.config import ModelParams
 from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.evaluate import report
 from cglib.evaluate.bootstrap import Scores, intervals_and_differences
-from cglib.evaluate.embeddings import Embeddings, EmbeddingStore, file_fingerprints, pixel_fingerprint
+from cglib.evaluate.embeddings import (
+    Embeddings,
+    EmbeddingStore,
+    file_fingerprints,
+    pixel_fingerprint,
+    tower_fingerprints,
+)
 from cglib.evaluate.forced_choice import (
     ForcedChoiceSet,
     pooled_scores,
@@ -53,6 +69,7 @@ METRICS_FILE = "metrics.csv"
 DIFFERENCES_FILE = "differences.csv"
 SCORES_FILE = "scores.npz"
 GAINS_FILE = "gains.csv"
+MODELS_DIR = "models"  # evaluate_model's results: evaluation/models/<NAME>/
 Key = tuple[str, str, str, str, str]  # benchmark, labels, direction, metric, level
 
 PROTOCOL = {
@@ -135,12 +152,27 @@ def _default_loader(run: RunContext) -> Callable[[str], ClipModel]:
     return lambda name: load_trained(run.params, run.dir, name, device=device)
 
 
+class ModelLoadError(RuntimeError):
+    """A model to score whose weights could not be loaded (`evaluate_model`; `eval.zoo` entries are skipped)."""
+
+
+def _zero_shot_info() -> dict:
+    return {"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
+            "fine_tuned_on_magic": False, "objective": "none", "init": None}
+
+
+def zoo_info(name: str, spec: ModelParams) -> dict:
+    """A frozen reference model's entry in results.json `models`: never trained here, in no gain set."""
+    return {"name": name, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
+            "fine_tuned_on_magic": False, "objective": "none", "init": None, "zoo": True,
+            "spec": spec.model_dump(mode="json")}
+
+
 def _model_info(run: RunContext) -> list[dict]:
     """The zero-shot model and every trained run, with what their training saw and their role in the gain rows
     (`report.ModelRole`: fine_tuned_on_magic, objective, pretrain, init), from each run's training summary.json
-    (the params' values where the summary does not say)."""
-    infos = [{"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
-              "fine_tuned_on_magic": False, "objective": "none", "init": None}]
+    (the params' values where the summary does not say), then the zoo models (`eval.zoo`)."""
+    infos = [_zero_shot_info()]
     for r in run.params.train.runs:
         summary_path = run.require(f"training/{r.name}/summary.json", "05_training")
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
@@ -149,7 +181,7 @@ def _model_info(run: RunContext) -> list[dict]:
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
                       "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT)})
-    return infos
+    return infos + [zoo_info(z.name, z.model) for z in run.params.eval.zoo]
 
 
 def _test_pixels(run: RunContext, magic, dataset: CaptionDataset, image_size: Callable[[], int], progress: bool
@@ -322,6 +354,37 @@ def model_fingerprints(run: RunContext, name: str) -> tuple[str, str] | None:
     return file_fingerprints(path, "model:" + json.dumps(arch, sort_keys=True))
 
 
+def zoo_fingerprints(bundle: ClipModel, spec: ModelParams) -> tuple[str, str]:
+    """Tower hashes of a loaded zoo model (it has no weights file of this run) joined with its spec, so a changed
+    spec (activation, image size, tag) recomputes and the same spec and weights reuse the cache."""
+    key = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    image, text = tower_fingerprints(bundle)
+    return (hashlib.sha1(f"{image}|zoo:{key}".encode()).hexdigest(),
+            hashlib.sha1(f"{text}|zoo:{key}".encode()).hexdigest())
+
+
+def _zoo_loader(spec: ModelParams, device: str, seed: int) -> Callable[[str], ClipModel]:
+    """Builds a zoo model in eval mode; what it leaves at random init (no tag, no checkpoint) is seeded (run.seed),
+    so such a reference is the same model on every rerun (and its cached embeddings are reused)."""
+    import torch
+
+    from cglib.models import build_model
+
+    def load(_name: str) -> ClipModel:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            bundle = build_model(spec, device)
+        bundle.model.eval()
+        return bundle
+
+    return load
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
 class _LazyModel:
     """Loads a model on first call (both item sets share it) and releases it before the next model."""
 
@@ -345,22 +408,54 @@ class _LazyModel:
 
 def evaluate_run(run: RunContext, progress: bool = True,
                  loader: Callable[[str], ClipModel] | None = None) -> EvalResults:
-    """Evaluate the zero-shot model and every trained run on identical items; write and return all results.
+    """Evaluate the zero-shot model, every trained run and every `eval.zoo` model on identical items; write and
+    return all results.
 
-    `loader(name) -> ClipModel` loads a model by name (default: `cglib.train.load_trained`).
+    `loader(name) -> ClipModel` loads a trained model by name (default: `cglib.train.load_trained`); zoo models
+    are built from their spec (`cglib.models.build_model`), and one that cannot be loaded is skipped.
     """
+    return _evaluate(run, _model_info(run), run.stage("evaluation"), progress, loader)
+
+
+def default_model_name(spec: ModelParams) -> str:
+    """A row name for a model spec: the checkpoint's stem, else the name and the pretrained tag."""
+    raw = Path(spec.checkpoint).stem if spec.checkpoint else "-".join(p for p in (spec.name, spec.pretrained) if p)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.") or "model"
+
+
+def evaluate_model(run: RunContext, spec: ModelParams, name: str | None = None, progress: bool = True,
+                   loader: Callable[[str], ClipModel] | None = None) -> EvalResults:
+    """Score one more model (a `model` section: open_clip name + tag, a cglib config, a checkpoint) on a run's
+    MAGIC items, next to the run's zero-shot model, without training anything.
+
+    Writes the evaluation files under `<run>/evaluation/models/<name>/`. Raises ModelLoadError when the model's
+    weights cannot be loaded, ValueError for a bad name. `loader` loads the zero-shot model (tests).
+    """
+    name = name or default_model_name(spec)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (ZERO_SHOT, ".", ".."):
+        raise ValueError(f"model name {name!r}: use letters, digits, '_', '.', '-' and not '{ZERO_SHOT}' "
+                         "(pass --name)")
+    out_dir = run.stage("evaluation") / MODELS_DIR / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _evaluate(run, [_zero_shot_info(), zoo_info(name, spec)], out_dir, progress, loader, strict_zoo=True)
+
+
+def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool,
+              loader: Callable[[str], ClipModel] | None, strict_zoo: bool = False) -> EvalResults:
+    """Score `models` (results.json `models` entries; zoo ones carry their spec) on identical items, write to
+    `out_dir`. A zoo model that cannot be loaded is skipped (`strict_zoo`: ModelLoadError)."""
     start = time.perf_counter()
     params = run.params
     p = params.eval
     set_faiss_threads(params.run.threads)
-    out_dir = run.stage("evaluation")
     magic = load_magic(run.require("magic/magic.json", "03_magic_dag"))
     dataset = CaptionDataset.load(run.require("captions/dataset.json", "01_captions").parent)
     ground_truth = load_ground_truth(run.dir / "captions")
-    models = _model_info(run)
     load = loader or _default_loader(run)
     device = run.device()
-    lazy = {m["name"]: _LazyModel(load, m["name"], device) for m in models}
+    specs = {m["name"]: ModelParams.model_validate(m["spec"]) for m in models if m.get("zoo")}
+    lazy = {m["name"]: _LazyModel(_zoo_loader(specs[m["name"]], device, params.run.seed) if m.get("zoo") else load, m["name"],
+                                  device) for m in models}
     image_size = lazy[ZERO_SHOT].image_size
     pixels_fn, image_source, readable, skipped = _test_pixels(run, magic, dataset, image_size, progress)
     items = build_items(magic, readable, ground_truth, include_fallback=p.fallback_negatives,
@@ -379,29 +474,54 @@ def evaluate_run(run: RunContext, progress: bool = True,
     hc = _load_hierarcaps(run, magic, image_size, progress) if p.hierarcaps else None
     exposure = {f"{m['name']}|*": "trained with the l1-l4 concept names (textual pretraining)"
                 for m in models if m["exposed_to_eval_strings"]}
+    trained = [m for m in models[1:] if not m.get("zoo")]
     leak_note = leakage_note(magic)
-    for m in models[1:]:
+    for m in trained:
         if leak_note and (params.train.text_source == "generalized" or m["pretrain"] != "none"):
             exposure[f"{m['name']}|*"] = "; ".join(n for n in (exposure.get(f"{m['name']}|*"), leak_note) if n)
     if hc is not None and hc["overlap"]["train"]:
-        for m in models[1:]:
+        for m in trained:
             exposure[f"{m['name']}|hierarcaps"] = (f"trained on {hc['overlap']['train']} of the {len(hc['items'])} "
                                                    "HierarCaps images (in this run's MAGIC train split)")
-    store = EmbeddingStore(out_dir / "embeddings", batch_size=p.batch_size)
+    own_store = EmbeddingStore(out_dir / "embeddings", batch_size=p.batch_size)
+    run_embeddings = run.dir / "evaluation" / "embeddings"
+    run_store = (own_store if run_embeddings == own_store.directory
+                 else EmbeddingStore(run_embeddings, batch_size=p.batch_size))
+    # Inputs at each input size: the main model's, and a zoo model's own (file datasets: the image cache at it).
+    magic_inputs: dict[int, tuple[Callable[[], np.ndarray], str, set[str]]] = {}
+    hc_inputs: dict[int, dict] = {}
     scores: dict[Key, dict[str, MetricScores]] = {}
     per_seed: dict[str, dict[str, list[float]]] = {}
     hc_info: dict[str, dict] = {}
+    zoo_skipped: dict[str, str] = {}
     for info in tqdm(models, desc="evaluate models", disable=not progress):
         name = info["name"]
         bundle = lazy[name]
-        fingerprints = model_fingerprints(run, name) if loader is None else None
-        emb = store.embed(name, "magic", bundle, items.image_ids, image_source, pixels_fn, items.all_texts(),
+        store = run_store if name == ZERO_SHOT else own_store
+        if info.get("zoo"):
+            try:
+                fingerprints = zoo_fingerprints(bundle(), specs[name])
+                size = bundle.image_size()
+                magic_pix, hc_pix = _inputs_at(size, image_size(), run, magic, dataset, items.image_ids, hc, progress,
+                                               (pixels_fn, image_source), magic_inputs, hc_inputs)
+            except Exception as exc:  # a download offline, a missing checkpoint, an unknown architecture
+                bundle.release()
+                reason = _reason(exc)
+                if strict_zoo:
+                    raise ModelLoadError(f"model {name!r} could not be loaded: {reason}") from exc
+                logger.warning("eval.zoo model %r skipped, not scored: %s", name, reason)
+                zoo_skipped[name] = reason
+                continue
+        else:
+            fingerprints = model_fingerprints(run, name) if loader is None else None
+            magic_pix, hc_pix = (pixels_fn, image_source), hc
+        emb = store.embed(name, "magic", bundle, items.image_ids, magic_pix[1], magic_pix[0], items.all_texts(),
                           fingerprints)
         model_scores, seeds_values = _score_magic(items, emb, fc_sets, p.recall_at, p.coco_retrieval,
                                                   p.bootstrap_unit)
         if hc is not None:
-            emb_hc = store.embed(name, "hierarcaps", bundle, hc["ids"], hc["source"], hc["pixels"], hc["texts"],
-                                 fingerprints)
+            emb_hc = store.embed(name, "hierarcaps", bundle, hc["ids"], hc_pix["source"], hc_pix["pixels"],
+                                 hc["texts"], fingerprints)
             hc_scores, hc_info[name] = _score_hierarcaps(hc["items"], emb_hc, params)
             model_scores.update(hc_scores)
         for key, ms in model_scores.items():
@@ -409,6 +529,7 @@ def evaluate_run(run: RunContext, progress: bool = True,
         for key, values in seeds_values.items():
             per_seed.setdefault("|".join(key), {})[name] = values
         bundle.release()
+    models = [m for m in models if m["name"] not in zoo_skipped]
     if hc is not None:
         tau_key = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
         excluded[tau_key] = {name: v["kendall_tau_undefined"] for name, v in hc_info.items()}
@@ -423,6 +544,7 @@ def evaluate_run(run: RunContext, progress: bool = True,
                      "negative_source": p.negative_source, "bootstrap_unit": p.bootstrap_unit,
                      "bootstrap_seed": params.run.seed},
         "models": models,
+        "zoo_skipped": zoo_skipped,
         "items": {
             "n_test_images": len(items.image_ids), "n_groups": len(set(items.groups)),
             "skipped_images": dict(skipped), "ground_truth": items.has_ground_truth,
@@ -437,7 +559,7 @@ def evaluate_run(run: RunContext, progress: bool = True,
             "n_items": len(hc["items"]), "skipped": hc["skipped"], "overlap_with_run_images": hc["overlap"],
             "per_model": hc_info},
         "per_seed": per_seed,
-        "embeddings_computed": store.computed,
+        "embeddings_computed": {**run_store.computed, **own_store.computed},
     }
     info["reading"] = report.read_results(metrics, differences, EvalResults(
         metrics, differences, table, info, out_dir).comparisons())
@@ -448,6 +570,34 @@ def evaluate_run(run: RunContext, progress: bool = True,
     paths = _write(out_dir, run, metrics, differences, table, info, scores, gains)
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=out_dir,
                        paths=paths, gains=gains)
+
+
+def _inputs_at(size: int, main: int, run: RunContext, magic, dataset: CaptionDataset, image_ids: list[str],
+               hc: dict | None, progress: bool, main_pixels: tuple[Callable[[], np.ndarray], str],
+               magic_cache: dict, hc_cache: dict) -> tuple[tuple[Callable[[], np.ndarray], str], dict | None]:
+    """A zoo model's test pixels (and HierarCaps pixels) at its own input size, on the same items.
+
+    In-memory pixels are resized by the model (`pixels_to_tensor`); image files come from the run's image cache
+    at that size (built once, reused). An item unreadable at that size is an error (the items must not change).
+    """
+    if size == main or dataset.pixels is not None:
+        magic_pix = main_pixels
+    else:
+        if size not in magic_cache:
+            fn, source, readable, _ = _test_pixels(run, magic, dataset, lambda: size, progress)
+            missing = [i for i in image_ids if i not in readable]
+            if missing:
+                raise ValueError(f"{len(missing)} test images cannot be read at {size} px (first: {missing[0]})")
+            magic_cache[size] = (fn, source)
+        magic_pix = magic_cache[size]
+    if hc is None or size == main:
+        return magic_pix, hc
+    if size not in hc_cache:
+        other = _load_hierarcaps(run, magic, lambda: size, progress)
+        if other["ids"] != hc["ids"]:
+            raise ValueError(f"the HierarCaps images readable at {size} px differ from those at {main} px")
+        hc_cache[size] = other
+    return magic_pix, hc_cache[size]
 
 
 def _load_hierarcaps(run: RunContext, magic, image_size: Callable[[], int], progress: bool) -> dict:

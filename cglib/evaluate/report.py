@@ -304,9 +304,27 @@ def table3_notes(info: dict) -> list[str]:
         if overlap["train"]:
             notes.append(f"{overlap['train']} of the HierarCaps images are in this run's MAGIC train split: the "
                          "trained models saw them (and their COCO captions) in training; compare with care.")
+    zoo = [m for m in info["models"] if m.get("zoo")]
+    if zoo:
+        notes.append("Zoo (frozen reference models, eval.zoo; not trained in this run, in no gain set): "
+                     + "; ".join(f"{m['name']} = {zoo_spec_label(m.get('spec') or {})}" for m in zoo) + ".")
+    for name, why in (info.get("zoo_skipped") or {}).items():
+        notes.append(f"Zoo model {name} skipped, not scored (results.json zoo_skipped): {why}.")
     if any(m["exposed_to_eval_strings"] for m in info["models"]):
         notes.append("† training saw the evaluation strings (textual pretraining with the l1-l4 concept names).")
     return notes
+
+
+def zoo_spec_label(spec: dict) -> str:
+    """A zoo model's spec in a few words: source, name, pretrained tag, checkpoint."""
+    parts = [str(spec.get("name", "?"))]
+    if spec.get("source") not in (None, "open_clip"):
+        parts.insert(0, f"{spec['source']}:")
+    if spec.get("pretrained"):
+        parts.append(f"({spec['pretrained']})")
+    if spec.get("checkpoint"):
+        parts.append(f"checkpoint {spec['checkpoint']}")
+    return " ".join(parts)
 
 
 def wide_table(metrics: pd.DataFrame, benchmark: str, labels: str, level: str) -> pd.DataFrame:
@@ -344,7 +362,9 @@ class ModelRole:
     HierarCaps Radial Embedding alignment, not on MAGIC). pretrain: the textual pretraining before the MAGIC
     phase. init: the model its training started from (None for the base). So CLIP zero-shot = (False, none),
     a CLEAR GLASS run = (True, pairwise|centroid, init zero-shot), the HierarCaps model = (False, re), and
-    "HierarCaps fine-tuned" = (True, clip, init = the HierarCaps model's name).
+    "HierarCaps fine-tuned" = (True, clip, init = the HierarCaps model's name). zoo: a frozen reference model
+    (`eval.zoo`, e.g. OpenAI's CLIP next to a run's own base): (False, none) too, but neither the base nor a
+    candidate for the best model, and in no gain set.
     """
 
     name: str
@@ -353,10 +373,11 @@ class ModelRole:
     pretrain: str = "none"
     init: str | None = None
     exposed: bool = False
+    zoo: bool = False
 
     @property
     def is_base(self) -> bool:
-        return self.objective == "none" and not self.fine_tuned_on_magic and self.init is None
+        return self.objective == "none" and not self.fine_tuned_on_magic and self.init is None and not self.zoo
 
 
 def model_roles(models: Sequence[dict]) -> dict[str, ModelRole]:
@@ -377,15 +398,16 @@ def model_roles(models: Sequence[dict]) -> dict[str, ModelRole]:
         if pretrain not in PRETRAIN_MODES:
             raise ValueError(f"model {m['name']!r}: pretrain {pretrain!r} is not one of {', '.join(PRETRAIN_MODES)}")
         roles[m["name"]] = ModelRole(m["name"], fine_tuned, objective, pretrain, init,
-                                     bool(m.get("exposed_to_eval_strings", False)))
+                                     bool(m.get("exposed_to_eval_strings", False)), bool(m.get("zoo", False)))
     return roles
 
 
 def best_model(metrics: pd.DataFrame, roles: dict[str, ModelRole]) -> str | None:
-    """The Table 3 row (other than a base model) with the highest mean over the Table 3 columns; None if none."""
+    """The Table 3 row (other than a base or zoo model) with the highest mean over the Table 3 columns; None if
+    none."""
     table = table3(metrics) if len(metrics) else pd.DataFrame()
     headers = [c.header for c in table3_columns(metrics)] if len(metrics) else []
-    candidates = [m for m in table.index if m in roles and not roles[m].is_base]
+    candidates = [m for m in table.index if m in roles and not roles[m].is_base and not roles[m].zoo]
     if not candidates or not headers:
         return None
     means = table.loc[candidates, headers].astype(float).mean(axis=1, skipna=True)
@@ -393,7 +415,11 @@ def best_model(metrics: pd.DataFrame, roles: dict[str, ModelRole]) -> str | None
 
 
 def gain_sets(roles: dict[str, ModelRole], best: str | None) -> dict[str, tuple[list[str], list[str], str]]:
-    """Per gain: (models averaged on the gaining side, models of the reference side, why absent or '')."""
+    """Per gain: (models averaged on the gaining side, models of the reference side, why absent or '').
+
+    Zoo models (frozen references, `ModelRole.zoo`) enter no set.
+    """
+    roles = {n: r for n, r in roles.items() if not r.zoo}
     ft = [r for r in roles.values() if r.fine_tuned_on_magic]
     out: dict[str, tuple[list[str], list[str], str]] = {}
     out["MAGIC"] = ([r.name for r in ft], [r.name for r in roles.values() if not r.fine_tuned_on_magic],
@@ -485,6 +511,10 @@ def gain_notes(gains: pd.DataFrame, sets: dict[str, tuple[list[str], list[str], 
             note += (" The best row is chosen on these test items, so this gain is optimistic: its CI does not "
                      "cover the choice.")
         notes.append(note)
+    zoo = [r.name for r in roles.values() if r.zoo]
+    if zoo:
+        notes.append(f"Zoo models ({', '.join(zoo)}: frozen reference models, eval.zoo) are in no gain set: neither "
+                     "the base, nor the best model, nor on either side of a gain.")
     return notes
 
 
