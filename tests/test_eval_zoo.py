@@ -235,3 +235,41 @@ def test_cglib_evaluate_model_on_a_finished_run(zoo_evaluated, tmp_path, capsys)
     assert main(["evaluate-model", params, "--model", str(tmp_path / "gone.safetensors"), "--run-dir", run_dir,
                  "--quiet"]) == 1
     assert "checkpoint not found" in capsys.readouterr().err
+
+
+def test_file_images_are_fed_at_the_zoo_models_own_size(tmp_path):
+    """Image files: the zero-shot model reads the run's image cache at 32 px, a 48 px zoo model one built at 48 px
+    (both kept under cache/images), on the same items; HierarCaps (synthetic-format files) likewise."""
+    from PIL import Image
+
+    from cglib.data.coco_export import write_synthetic_coco
+    from cglib.data.dataset import CaptionDataset
+    from cglib.evaluate import evaluate_run
+    from cglib.train import ensure_initial
+
+    synth = write_synthetic_coco(tmp_path / "synth", images_per_concept=1, image_size=32, captions_per_image=1,
+                                 hierarcaps_per_concept=1, workers=1)
+    data = {"hierarcaps_csv": str(synth.hierarcaps_csv), "hierarcaps_images": str(synth.hierarcaps_images)}
+    run = make_run(tmp_path, runs=[], data=data, hierarcaps=True, hierarcaps_batch=5,
+                   zoo=[{"name": "tiny-48", "model": {"name": "cglib-tiny-clip", "image_size": 48}}])
+    ensure_initial(run)
+    memory = CaptionDataset.load(run.dir / "captions")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    files = {}
+    for image_id, pixels in zip(memory.image_ids, memory.pixels):
+        files[image_id] = folder / f"{image_id}.png"
+        Image.fromarray(pixels).save(files[image_id])
+    CaptionDataset(source="coco", image_ids=memory.image_ids, captions=memory.captions,
+                   image_files=files).save(run.dir / "captions")
+    result = evaluate_run(run, progress=False)
+    assert result.models == ["zero-shot", "tiny-48"] and result.info["zoo_skipped"] == {}
+    sizes = sorted(p.name.split("px-")[0] for p in (run.dir / "cache" / "images").iterdir() if "px-" in p.name)
+    assert sizes.count("32") == 2 and sizes.count("48") == 2  # MAGIC and HierarCaps caches at each size
+    hc = result.metrics[result.metrics["benchmark"] == "hierarcaps_batch"]
+    assert set(hc["model"]) == {"zero-shot", "tiny-48"} and (hc.groupby("level")["n"].nunique() == 1).all()
+    assert result.info["embeddings_computed"]["tiny-48.hierarcaps"] == ["images", "texts"]
+    m = result.metrics
+    assert (m.groupby(["benchmark", "labels", "direction", "metric", "level"])["n"].nunique() == 1).all()
+    l1 = m[(m["benchmark"] == "forced_choice") & (m["labels"] == "dag") & (m["level"] == "l1")]
+    assert l1["n"].eq(12).all() and set(l1["model"]) == {"zero-shot", "tiny-48"}
