@@ -232,6 +232,7 @@ def test_cglib_evaluate_model_on_a_finished_run(zoo_evaluated, tmp_path, capsys)
     assert main(["evaluate-model", params, "--model", "{name: NoSuchArch-B-99}", "--run-dir", run_dir,
                  "--quiet"]) == 1
     assert "could not be loaded" in capsys.readouterr().err
+    assert not (zoo_run.dir / "evaluation" / "models" / "NoSuchArch-B-99").exists()
     assert main(["evaluate-model", params, "--model", str(tmp_path / "gone.safetensors"), "--run-dir", run_dir,
                  "--quiet"]) == 1
     assert "checkpoint not found" in capsys.readouterr().err

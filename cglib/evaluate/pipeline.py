@@ -436,8 +436,16 @@ def evaluate_model(run: RunContext, spec: ModelParams, name: str | None = None, 
         raise ValueError(f"model name {name!r}: use letters, digits, '_', '.', '-' and not '{ZERO_SHOT}' "
                          "(pass --name)")
     out_dir = run.stage("evaluation") / MODELS_DIR / name
+    fresh = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _evaluate(run, [_zero_shot_info(), zoo_info(name, spec)], out_dir, progress, loader, strict_zoo=True)
+    try:
+        return _evaluate(run, [_zero_shot_info(), zoo_info(name, spec)], out_dir, progress, loader, strict_zoo=True)
+    except ModelLoadError:
+        if fresh:  # leave no empty results folder behind
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool,
