@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 
 from cglib.data.coco import CaptionFileError, normalize_caption
+from cglib.data.hierarcaps import LEVEL_SEPARATOR, N_LEVELS
 from cglib.magic.schema import MagicFile
 from cglib.magic.split import _rng
 
 logger = logging.getLogger(__name__)
 
-TIER_SEPARATOR = " => "
-N_TIERS = 4
+TIER_SEPARATOR = LEVEL_SEPARATOR  # the train file joins its four tiers as the test CSV joins its levels
+N_TIERS = N_LEVELS
 REQUIRED_COLUMNS = ("positive", "negative")
 TRAIN_FIX = "give the HierarCaps train file (`cglib download hierarcaps-train --dest DIR` fetches it)"
 
