@@ -186,3 +186,15 @@ def test_hierarcaps_train_data_path_is_checked(tmp_path):
         parse_params(raw, tmp_path)
     raw["train"]["runs"] = [{"name": "clip", "loss": "clip"}]  # no re run: the file is not needed
     assert parse_params(raw, tmp_path).train.re_data == "hierarcaps_train"
+
+
+def test_single_top_node_drops_the_top_tier(tmp_path):
+    """On tiny_magic (one l4 node) the re items leave the top tier out (K = l_max) instead of skipping every image;
+    with two top nodes they keep it (K = l_max + 1)."""
+    params = make_run(tmp_path, RE_ROWS[:1]).params
+    magic = tiny_magic()[0]
+    items, described = re_items(params, magic)
+    assert len(items) == len(magic.split_ids("train")) and described["tiers"] == 4
+    assert "top tier is left out" in described["data"]
+    items, described = re_items(params, two_top_magic())
+    assert described["tiers"] == 5 and "left out" not in described["data"]

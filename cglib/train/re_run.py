@@ -3,9 +3,9 @@
 A run with `loss: re` trains the text tower and its projection only (the image tower and the logit scale are
 frozen and referenced in its weights file) with `cglib.radial.radial_embedding_loss` on RE items
 (`cglib.data.hierarcaps_train`): `train.re_data: magic` builds them from this run's MAGIC train split (an image's
-concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "train", run.seed)`),
-`hierarcaps_train` reads the authors' hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's
-2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
+concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "train", run.seed)`; a single
+top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
+hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's 2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
 reach it); the regularizer compares them with the embeddings of the ORIGINAL text tower (the run's starting
 weights), computed once for every text before the first update, in eval mode. `train.re_epochs`,
 `re_batch_size`, `re_lr` and the weights `re_w_mean`, `re_w_minimax`, `re_w_reg` (paper: 1, 1, 10) are part of
@@ -36,10 +36,11 @@ def re_items(params: Params, magic: MagicFile) -> tuple[list[REItem], dict[str, 
     """The run's RE items (train.re_data) and a record of where they come from, for the summary."""
     t = params.train
     if t.re_data == "magic":
-        items, counts = re_items_from_magic(magic, "train", params.run.seed)
+        items, counts = re_items_from_magic(magic, "train", params.run.seed, single_top="drop")
         what = ("MAGIC train split: per image its concept chain names l_max..l1 (the l1-l4 evaluation queries) "
                 "then one of its original captions; negatives same-level names off the chain and another image's "
-                "caption")
+                "caption" + ("; the top tier is left out (a single top-level node has no negative)"
+                             if counts.get("dropped top tier: a single top-level node") else ""))
     else:
         path = params.data.hierarcaps_train_csv
         if path is None:
@@ -48,8 +49,8 @@ def re_items(params: Params, magic: MagicFile) -> tuple[list[REItem], dict[str, 
         items, counts = load_hierarcaps_train(path)
         what = f"HierarCaps train hierarchies ({path.name}): four tiers, the last a caption"
     if not items:
-        raise ValueError(f"train.re_data: {t.re_data} gave no RE item ({dict(counts)}); with magic, the top level "
-                         "needs two nodes with training images (a single top node has no negative)")
+        raise ValueError(f"train.re_data: {t.re_data} gave no RE item ({dict(counts)}); check the MAGIC train split "
+                         "(images with captions and concept chains) or the HierarCaps train file")
     return items, {"re_data": t.re_data, "data": what, "items": len(items), "tiers": len(items[0].positives),
                    "counts": dict(sorted(Counter(counts).items()))}
 
