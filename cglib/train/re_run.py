@@ -7,7 +7,8 @@ concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "t
 top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
 hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's 2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
 reach it); the regularizer compares them with the embeddings of the ORIGINAL text tower (the run's starting
-weights), computed once for every text before the first update, in eval mode. `train.re_epochs`,
+weights), computed once for every text before the first update. The tower runs in eval mode throughout (no
+dropout, as HierarCaps' CLIP has none), so the regularizer is 0 before the first update. `train.re_epochs`,
 `re_batch_size`, `re_lr` and the weights `re_w_mean`, `re_w_minimax`, `re_w_reg` (paper: 1, 1, 10) are part of
 the run's spec. A batch is a pure function of (seed, epoch, index): `REBatchSampler`.
 

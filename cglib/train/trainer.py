@@ -242,7 +242,9 @@ class Trainer:
         rows = {text: k for k, text in enumerate(texts)}
         self.n_precomputed = len(texts)
         set_trainable(self.bundle, image=False, text=True)
-        self.bundle.model.train()
+        # eval mode: no dropout, as in HierarCaps' CLIP (whose towers have none); with a dropout tower (MiniLM:
+        # 0.1) train mode would make the regularizer compare noisy embeddings with clean ones (reg > 0 at step 1)
+        self.bundle.model.eval()
         module = wrap(Towers(self.bundle.model), self.info)
         stepper = self._stepper(module, t.re_lr, total, "re", ckpt)
         self._announce("RE alignment (text tower)", per_epoch, t.re_epochs,
