@@ -198,3 +198,34 @@ def test_single_top_node_drops_the_top_tier(tmp_path):
     assert "top tier is left out" in described["data"]
     items, described = re_items(params, two_top_magic())
     assert described["tiers"] == 5 and "left out" not in described["data"]
+
+
+def test_re_run_resumes_bit_exactly(tmp_path):
+    """An re run interrupted mid-epoch and again in its second epoch ends with the weights and log of an
+    uninterrupted run (the frozen tower's embeddings are rebuilt from the starting weights on resume)."""
+    from safetensors.torch import load_file
+
+    def final_and_log(run: RunContext):
+        out = run.dir / "training" / "hierarcaps"
+        with (out / "log.csv").open(newline="") as f:
+            rows = [[r[k] for k in ("phase", "step", "loss", "re_mean", "re_reg", "lr", "grad_norm")]
+                    for r in csv.DictReader(f)]
+        return load_file(str(out / FINAL)), rows
+
+    def interrupt_at(step: int):
+        def hook(row):
+            if row["global_step"] == step:
+                raise KeyboardInterrupt
+        return hook
+
+    whole = make_run(tmp_path / "whole", RE_ROWS[:1], re_epochs=2)
+    assert train_one(whole, "hierarcaps", progress=False)["steps"] == 10  # 36 items / 8: 5 steps per epoch
+    parts = make_run(tmp_path / "parts", RE_ROWS[:1], re_epochs=2)
+    for step in (3, 7):
+        with pytest.raises(KeyboardInterrupt):
+            train_one(parts, "hierarcaps", progress=False, on_step=interrupt_at(step))
+    summary = train_one(parts, "hierarcaps", progress=False)
+    assert summary["resumed_from_step"] == 7 and len(summary["epoch_loss"]) == 2
+    (expected, expected_log), (got, got_log) = final_and_log(whole), final_and_log(parts)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    assert got_log == expected_log
