@@ -39,7 +39,9 @@ Outputs under `<run>/training/` (a contract evaluation and visualization rely on
     <name>/final.safetensors              weights after training (a tower frozen for the whole run is
                                           referenced to initial.safetensors; `load_trained` resolves it)
     <name>/log.csv                        one row per optimizer step (LOG_COLUMNS)
-    <name>/summary.json                   run spec, loss, pretrain, exposed_to_eval_strings, steps per epoch,
+    <name>/summary.json                   run spec, loss, pretrain, the roles evaluation reads (objective,
+                                          fine_tuned_on_magic, init), exposed_to_eval_strings (+ exposure: why),
+                                          re_training (loss: re runs: data, items, settings), steps per epoch,
                                           steps, skipped steps, weights moved, wall time, images/s, provenance
     <name>/checkpoints/last.pt            full state at the last epoch end or interruption (removed when done)
     <name>/checkpoints/epoch-XXX.safetensors  weights after each epoch (only with train.keep_epoch_weights)
