@@ -65,6 +65,8 @@ class DataParams(Section):
     coco_images: Path | None = Field(None, description="Folder of the COCO images named in the captions file.")
     hierarcaps_csv: Path | None = Field(None, description="HierarCaps test CSV (source: hierarcaps, and evaluation).")
     hierarcaps_images: Path | None = Field(None, description="Folder of the HierarCaps test images.")
+    hierarcaps_train_csv: Path | None = Field(None, description="HierarCaps train hierarchies, hierarcaps_train.csv.gz "
+                                              "(`cglib download hierarcaps-train`; train.re_data: hierarcaps_train).")
     max_images: int | None = Field(None, ge=1, description="Use only the first N images (sorted by id); null = all.")
     image_cache_size: int = Field(224, ge=16, le=1024, description="Side of the decoded uint8 image cache for training.")
 
@@ -232,7 +234,13 @@ class ModelParams(Section):
 # ------------------------------------------------------------------------------------------- train
 class TrainRunParams(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
-    loss: Literal["clip", "pairwise", "centroid"] = Field(..., description="Objective.")
+    loss: Literal["clip", "pairwise", "centroid", "re"] = Field(
+        ..., description="Objective: clip, pairwise, centroid (on MAGIC image-text batches), or re (HierarCaps' Radial "
+        "Embedding alignment of the text tower alone, on train.re_data; the Table 3 HierarCaps row).")
+    init: str | None = Field(
+        None, description="Starting weights: null = the initial (zero-shot) weights; else the name of an earlier "
+        "entry of train.runs whose final weights this run starts from (e.g. HierarCaps fine-tuned: loss clip, "
+        "init the re run). A run inherits its init's exposure to evaluation strings.")
     pretrain: Literal["none", "leakage_free", "with_concepts"] = Field(
         "none", description="Textual alignment pretraining: none; leakage_free (captions vs generalized captions); "
         "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
@@ -241,6 +249,13 @@ class TrainRunParams(Section):
     tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")
     tau_inner: float | None = Field(None, gt=0, description="Override train.tau_inner for this run.")
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="Override train.alpha for this run.")
+
+    @model_validator(mode="after")
+    def _re_without_pretraining(self) -> TrainRunParams:
+        if self.loss == "re" and self.pretrain != "none":
+            raise ValueError(f"run {self.name!r}: loss re trains the text tower on its own data and takes no textual "
+                             "pretraining; set pretrain: none")
+        return self
 
 
 class BaseTrainParams(Section):
@@ -298,6 +313,16 @@ class TrainParams(Section):
     log_every: int = Field(10, ge=1, description="Log every k steps.")
     base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
                                   "starts from (the zero-shot row).")
+    re_data: Literal["magic", "hierarcaps_train"] = Field(
+        "magic", description="Items of loss: re runs. magic: built from this run's MAGIC train split (concept chain "
+        "l_max..l1 + a caption; the chain names are the l1-l4 evaluation queries, so the run is exposed to "
+        "evaluation strings); hierarcaps_train: the authors' ~70k hierarchies (data.hierarcaps_train_csv).")
+    re_epochs: int = Field(1, ge=1, description="Epochs of a loss: re run over its items (HierarCaps: 1).")
+    re_batch_size: int = Field(8, ge=1, description="Items per loss: re batch (HierarCaps: 8).")
+    re_lr: float = Field(1e-7, gt=0, description="Peak learning rate of a loss: re run (HierarCaps' code: 1e-7).")
+    re_w_mean: float = Field(1.0, ge=0, description="RE loss: weight of the mean term (paper: 1).")
+    re_w_minimax: float = Field(1.0, ge=0, description="RE loss: weight of the mini-max term (paper: 1).")
+    re_w_reg: float = Field(10.0, ge=0, description="RE loss: weight of the frozen-tower regularizer (paper: 10).")
 
     @field_validator("runs")
     @classmethod
@@ -306,6 +331,15 @@ class TrainParams(Section):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate run names {dupes}; give every entry of train.runs its own name")
+        for i, r in enumerate(runs):
+            if r.init is None:
+                continue
+            if r.init not in names:
+                raise ValueError(f"train.runs[{i}].init: no run named {r.init!r}; name an earlier entry of "
+                                 f"train.runs ({names[:i]}) or null for the initial weights")
+            if names.index(r.init) >= i:
+                raise ValueError(f"train.runs[{i}].init: {r.init!r} is not an earlier entry (a run starts from the "
+                                 f"final weights of a run trained before it); move {r.init!r} above {r.name!r}")
         return runs
 
 
@@ -485,6 +519,8 @@ def _check_paths(params: Params, root: Path) -> list[str]:
         needed += [("data.coco_captions", d.coco_captions), ("data.coco_images", d.coco_images)]
     if d.source == "hierarcaps" or params.eval.hierarcaps:
         needed += [("data.hierarcaps_csv", d.hierarcaps_csv), ("data.hierarcaps_images", d.hierarcaps_images)]
+    if params.train.re_data == "hierarcaps_train" and any(r.loss == "re" for r in params.train.runs):
+        needed.append(("data.hierarcaps_train_csv", d.hierarcaps_train_csv))
     if params.model.checkpoint is not None:
         needed.append(("model.checkpoint", params.model.checkpoint))
     if params.model.hf_state_dict is not None:
@@ -504,7 +540,7 @@ def _check_paths(params: Params, root: Path) -> list[str]:
 def resolve_paths(params: Params, root: Path) -> Params:
     """Return a copy whose relative input paths are resolved against `root` (the params file's repo root)."""
     data = params.model_dump()
-    for key in ("coco_captions", "coco_images", "hierarcaps_csv", "hierarcaps_images"):
+    for key in ("coco_captions", "coco_images", "hierarcaps_csv", "hierarcaps_images", "hierarcaps_train_csv"):
         p = data["data"][key]
         if p is not None and not Path(p).is_absolute():
             data["data"][key] = root / p

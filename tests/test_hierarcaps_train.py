@@ -131,6 +131,12 @@ def test_magic_items_skip_reasons() -> None:
     magic, _ = tiny_magic()  # one l4 node: nothing to contrast the top tier with
     items, counts = re_items_from_magic(magic)
     assert items == [] and counts == {"skipped: no negative at level 4": len(magic.split_ids("train"))}
+    dropped, counts = re_items_from_magic(magic, single_top="drop")  # the top tier left out instead
+    assert len(dropped) == len(magic.split_ids("train")) and {len(i.positives) for i in dropped} == {4}
+    assert counts["dropped top tier: a single top-level node"] == len(dropped)
+    assert all(i.positives[0] in ("social gathering", "leisure") for i in dropped)
+    assert all(i.negatives[0] in ("social gathering", "leisure") and i.negatives[0] != i.positives[0]
+               for i in dropped)  # the l3 negative: a sibling under the dropped top node
     magic = re_magic()
     wedding = magic.images_of(node_id(1, "wedding"), "train")
     for image_id in wedding[1:]:

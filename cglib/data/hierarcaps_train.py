@@ -10,7 +10,7 @@ An `REItem` holds K positives, general to specific, and K negatives, `negatives[
   l_max .. l1 then one of its original captions (K = l_max + 1); each negative is a node of the same level
   off the chain (a sibling first), the caption's negative another image's caption under the same l1 node.
 
-Neither is wired into training yet.
+Both feed `loss: re` runs of train.runs (`cglib.train.re_run`).
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def _draw(pool: list, rng: np.random.Generator, ok: Callable[[Any], bool], tries
     return kept[int(rng.integers(len(kept)))] if kept else None
 
 
-def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, captions_per_image: int = 1
-                        ) -> tuple[list[REItem], Counter]:
+def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, captions_per_image: int = 1,
+                        single_top: str = "skip") -> tuple[list[REItem], Counter]:
     """RE items of one split's images (sorted ids, seeded per image), and counts of negative sources and skips.
 
     Concept tier i: a sibling of P_i under P_{i-1}'s node (top level: the other top-level nodes), else one of
@@ -118,7 +118,13 @@ def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, c
     image's caption under the same l1 node, else under a hard-negative l1 node; never one of the image's own.
     Counts: `negative: sibling | hard negative | fallback` per concept tier drawn, `negative: same-l1 caption |
     hard-negative caption` per item, `skipped: <reason>` per image.
+
+    `single_top`: what to do when fewer than two top-level nodes have images of the split (the top tier then has
+    no negative): "skip" every image (counted), or "drop" the top tier (K = l_max; counted as `dropped top tier:
+    a single top-level node` per image).
     """
+    if single_top not in ("skip", "drop"):
+        raise ValueError(f"single_top must be 'skip' or 'drop', got {single_top!r}")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if isinstance(captions_per_image, bool) or not isinstance(captions_per_image, int) or captions_per_image < 1:
@@ -136,6 +142,7 @@ def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, c
         if parent is not None and has_images[n]:
             context.children[parent].append(n)
     context.top = [n for n in context.usable[magic.l_max] if magic.nodes[n].primary_parent is None]
+    context.drop_top = single_top == "drop" and len(context.top) < 2
     for image_id in magic.split_ids(split):
         record = magic.images[image_id]
         context.captions[record.node].extend((image_id, c) for c in record.captions if c.strip())
@@ -160,6 +167,7 @@ class _MagicContext:
     hard: dict[str, list[str]]
     captions: dict[str, list[tuple[str, str]]]
     top: list[str] = field(default_factory=list)
+    drop_top: bool = False
 
 
 def _image_items(ctx: _MagicContext, image_id: str, rng: np.random.Generator, captions_per_image: int,
@@ -175,9 +183,12 @@ def _image_items(ctx: _MagicContext, image_id: str, rng: np.random.Generator, ca
     except ValueError:
         counts["skipped: broken chain"] += 1
         return []
+    start = 1 if ctx.drop_top and len(chain) > 1 else 0
+    if start:
+        counts["dropped top tier: a single top-level node"] += 1
     names = [magic.nodes[n].name for n in chain]
     negatives: list[str] = []
-    for depth, node in enumerate(chain):
+    for depth, node in enumerate(chain[start:], start):
         level = magic.nodes[node].level
         siblings = ctx.top if depth == 0 else ctx.children[chain[depth - 1]]
         for source, candidates in (("sibling", siblings), ("hard negative", ctx.hard[node]),
@@ -207,5 +218,5 @@ def _image_items(ctx: _MagicContext, image_id: str, rng: np.random.Generator, ca
     for i in sorted(rng.permutation(len(own))[:captions_per_image]):
         negative = _draw(pool, rng, other_caption)
         counts[f"negative: {source}"] += 1
-        items.append(REItem((*names, own[i]), (*negatives, negative[1])))
+        items.append(REItem((*names[start:], own[i]), (*negatives, negative[1])))
     return items

@@ -114,16 +114,26 @@ class RunFiles:
         self.out = self.base / name
         self.ckpt_dir = self.out / "checkpoints"
         entry = next(r for r in run.params.train.runs if r.name == name)
-        # the text tower is frozen for the whole run unless it trains here or in textual pretraining
-        self.text_frozen = run.params.model.freeze_text and entry.pretrain == "none"
+        self.re = entry.loss == "re"  # the HierarCaps RE objective: the text tower alone trains, the image tower is frozen
+        # the text tower is frozen for the whole run unless it trains here (re) or in textual pretraining
+        self.text_frozen = run.params.model.freeze_text and entry.pretrain == "none" and not self.re
+        # the starting weights, relative to training/: the initial (zero-shot) ones or the final ones of run `init`
+        self.start = Path(INITIAL) if entry.init is None else Path(entry.init) / FINAL
 
     def fresh_model(self):
-        """The run's starting point: the model of params.model with the initial (zero-shot) weights."""
+        """The run's starting point: params.model with the initial (zero-shot) weights, or run `init`'s final ones."""
         from cglib.models import architecture_params, build_model, load_weights
 
         bundle = build_model(architecture_params(self.run.params.model), "cpu")
-        load_weights(bundle.model, self.base / INITIAL)
-        self.frozen = text_keys(bundle.model) if self.text_frozen else []
+        start = self.base / self.start
+        if not start.is_file():
+            raise FileNotFoundError(f"{start} not found: train run {self.start.parts[0]!r} (this run's init) first")
+        load_weights(bundle.model, start)
+        text = text_keys(bundle.model)
+        if self.re:  # the image tower (and the unused logit scale) is frozen: referenced, not copied
+            self.frozen = sorted(set(bundle.model.state_dict()) - set(text))
+        else:
+            self.frozen = text if self.text_frozen else []
         return bundle
 
     def trained_state(self, bundle: Any) -> dict[str, torch.Tensor]:
@@ -132,11 +142,12 @@ class RunFiles:
         return {k: v.detach().cpu() for k, v in bundle.model.state_dict().items() if k not in frozen}
 
     def save_weights(self, bundle: Any, path: Path) -> None:
-        """Weights of what trains; a frozen tower is referenced (initial.safetensors) and verified on load."""
+        """Weights of what trains; a frozen tower is referenced (the starting weights file: initial.safetensors or
+        run init's final.safetensors) and verified on load."""
         from cglib.models import save_weights
 
         if self.info.is_main:
-            source = Path("../" * len(path.parent.relative_to(self.base).parts)) / INITIAL
+            source = Path("../" * len(path.parent.relative_to(self.base).parts)) / self.start
             save_weights(bundle.model, path, exclude=self.frozen, source=str(source))
 
     def save_epoch_weights(self, bundle: Any, epoch: int) -> None:

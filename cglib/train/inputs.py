@@ -66,11 +66,43 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
     raise ValueError(f"no run named {name!r} in train.runs; choose one of {[r.name for r in params.train.runs]}")
 
 
+RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
+
+
 def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
-    """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed."""
+    """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed.
+
+    The train.re_* keys enter the spec of loss: re runs only (a change retrains those, not the MAGIC runs); a run
+    with `init` carries its starting run's spec, so retraining that run retrains this one. Without `init` (and
+    re keys) the spec is what it was before those keys existed: trained runs stay valid.
+    """
     t = params.train
     spec = entry.model_dump(mode="json")
+    if entry.init is None:
+        del spec["init"]
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
-    train = t.model_dump(mode="json", exclude={"runs", "resume", "num_workers", "log_every", "keep_epoch_weights"})
-    return {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
+    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights"}
+    train = t.model_dump(mode="json", exclude=exclude if entry.loss == "re" else exclude | set(RE_KEYS))
+    out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
+    if entry.loss == "re" and t.re_data == "hierarcaps_train":
+        from cglib.data.download import file_digest
+
+        out["re_file"] = file_digest(params.data.hierarcaps_train_csv, "sha1") if params.data.hierarcaps_train_csv \
+            and params.data.hierarcaps_train_csv.is_file() else None
+    if entry.init is not None:
+        out["init"] = run_spec(params, run_entry(params, entry.init))
+    return out
+
+
+def exposure(params: Params, entry: TrainRunParams) -> list[str]:
+    """Why a run has seen strings that evaluation uses as queries (empty: it has not); inherited through `init`."""
+    reasons = []
+    if entry.pretrain == "with_concepts":
+        reasons.append("textual pretraining with the l1-l4 concept names (pretrain: with_concepts)")
+    if entry.loss == "re" and params.train.re_data == "magic":
+        reasons.append("RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives "
+                       "(train.re_data: magic)")
+    if entry.init is not None:
+        reasons += [f"from {entry.init}: {r}" for r in exposure(params, run_entry(params, entry.init))]
+    return reasons

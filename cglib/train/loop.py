@@ -12,13 +12,17 @@ the text tower is frozen), the run's loss from `cglib.losses`, AdamW with warmup
     faults.py      SIGINT/SIGTERM checkpoints, skipped non-finite steps, device/AMP checks on resume
     checkpoint.py  the run's files: weights (frozen towers referenced), last.pt
     runlog.py      log.csv and TensorBoard
-    trainer.py     the two phases' loops
+    trainer.py     the two phases' loops (and the single text phase of a loss: re run)
+    re_run.py      loss: re (the HierarCaps baseline): RE items, batches, the step's loss
     summary.py     summary.json, weights moved, the runs' table
 
 Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M*N pairs of the group batch
 (the fine-tuned-CLIP baseline); "pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and
 the variant options (alpha_on, normalize_products) from the run entry or `train`. Every loss receives the
-batch's text ids: two identical strings are never each other's negatives.
+batch's text ids: two identical strings are never each other's negatives. "re" is the HierarCaps baseline
+(re_run.py): Radial Embedding alignment of the text tower alone on `train.re_data`'s items, no image-text phase.
+A run starts from the initial weights, or with `init: NAME` from the final weights of an earlier run (trained
+first if needed), whose exposure to evaluation strings it inherits.
 
 Temperature. Every loss uses the fixed `train.tau` / `train.tau_inner` (paper: 0.1, not learned), for the CLIP
 baseline too, so the three objectives differ only in their grouping. `model.logit_scale` is read by no loss:
@@ -35,7 +39,9 @@ Outputs under `<run>/training/` (a contract evaluation and visualization rely on
     <name>/final.safetensors              weights after training (a tower frozen for the whole run is
                                           referenced to initial.safetensors; `load_trained` resolves it)
     <name>/log.csv                        one row per optimizer step (LOG_COLUMNS)
-    <name>/summary.json                   run spec, loss, pretrain, exposed_to_eval_strings, steps per epoch,
+    <name>/summary.json                   run spec, loss, pretrain, the roles evaluation reads (objective,
+                                          fine_tuned_on_magic, init), exposed_to_eval_strings (+ exposure: why),
+                                          re_training (loss: re runs: data, items, settings), steps per epoch,
                                           steps, skipped steps, weights moved, wall time, images/s, provenance
     <name>/checkpoints/last.pt            full state at the last epoch end or interruption (removed when done)
     <name>/checkpoints/epoch-XXX.safetensors  weights after each epoch (only with train.keep_epoch_weights)
@@ -61,7 +67,7 @@ from cglib.train.distributed import DistInfo
 from cglib.train.inputs import TrainInputs, load_inputs, model_image_size, run_entry, run_spec
 from cglib.train.runlog import LOG_COLUMNS
 from cglib.train.step import Stepper, batch_loss, group_step_loss, set_trainable, wrap
-from cglib.train.summary import summary_table, weights_moved_note
+from cglib.train.summary import ZERO_SHOT, summary_table, weights_moved_note
 from cglib.train.trainer import Trainer
 
 __all__ = [
@@ -90,8 +96,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-ZERO_SHOT = "zero-shot"
 
 
 def _initial_spec(run: RunContext) -> dict[str, Any]:
@@ -162,19 +166,31 @@ def train_one(run: RunContext, name: str, *, inputs: TrainInputs | None = None, 
     ensure_initial(run, info, progress)
     if inputs is None:
         inputs = load_inputs(run, progress=progress, info=info)
+    if entry.init is not None and _finished(Trainer(run, run_entry(run.params, entry.init), inputs, info, None,
+                                                    progress)) is None:
+        train_one(run, entry.init, inputs=inputs, info=info, progress=progress)  # its final weights start this run
     trainer = Trainer(run, entry, inputs, info, on_step, progress)
+    done = _finished(trainer) if run.params.train.resume else None
+    if done is not None:
+        logger.info("run %s is already trained with these params; reusing it", name)
+        return done
+    return trainer()
+
+
+def _finished(trainer: Trainer) -> dict[str, Any] | None:
+    """The summary of the trainer's run when its final weights were written for this spec, else None."""
     summary_path = trainer.out / "summary.json"
-    if run.params.train.resume and summary_path.is_file() and (trainer.out / FINAL).is_file():
+    if summary_path.is_file() and (trainer.out / FINAL).is_file():
         done = json.loads(summary_path.read_text(encoding="utf-8"))
         if done.get("spec_hash") == trainer.hash:
-            logger.info("run %s is already trained with these params; reusing it", name)
             return done
-    return trainer()
+    return None
 
 
 def train_all(run: RunContext, names: list[str] | None = None, progress: bool = True,
               info: DistInfo | None = None) -> dict[str, dict[str, Any]]:
-    """Train every train.runs entry (or those named) from the same initial weights; summaries by name."""
+    """Train every train.runs entry (or those named) from the initial weights, or from run `init`'s final weights
+    (trained first when it is not yet); summaries by name."""
     names = names or [r.name for r in run.params.train.runs]
     for name in names:
         run_entry(run.params, name)  # fail before any work on a typo

@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 
 LOG_COLUMNS = ["phase", "epoch", "step", "global_step", "loss", "inner", "outer", "lr", "grad_norm",
-               "images_per_s", "data_wait_s", "step_s", "fallback_groups", "repeated_images", "skipped", "wall_s"]
+               "images_per_s", "data_wait_s", "step_s", "fallback_groups", "repeated_images", "skipped", "wall_s",
+               # loss: re runs only (cglib.train.re_run): the RE loss's parts, exterior angles in radians
+               "re_mean", "re_minimax", "re_reg", "re_angle_pos", "re_angle_neg"]
 
 
 class RunLog:
@@ -42,7 +44,8 @@ class RunLog:
         if not self.enabled:
             return
         self.csv.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
-        for key in ("loss", "inner", "outer", "lr", "grad_norm", "images_per_s", "data_wait_s"):
+        for key in ("loss", "inner", "outer", "lr", "grad_norm", "images_per_s", "data_wait_s", "re_mean",
+                    "re_minimax", "re_reg", "re_angle_pos", "re_angle_neg"):
             if isinstance(row.get(key), float) and math.isfinite(row[key]):
                 self.window.setdefault(key, []).append(row[key])
         if row["global_step"] % self.log_every == 0:

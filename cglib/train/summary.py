@@ -10,11 +10,12 @@ from cglib.config import Params
 from cglib.run import provenance, write_json
 from cglib.train import distributed
 from cglib.train.checkpoint import FINAL, LAST, text_keys
-from cglib.train.pretrain import exposed_to_eval_strings
+from cglib.train.inputs import exposure
 
 if TYPE_CHECKING:
     from cglib.train.trainer import Trainer
 
+ZERO_SHOT = "zero-shot"  # the initial weights' name in results (loop.ZERO_SHOT)
 MOSTLY_STILL = 0.5  # below this fraction of changed parameters a trained tower "did not move"
 
 
@@ -74,12 +75,17 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
 def finish(trainer: Trainer) -> dict[str, Any]:
     """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
     s, entry, t, files = trainer.state, trainer.entry, trainer.t, trainer.files
-    trained = {"image": True, "text": not files.text_frozen}
+    re = entry.loss == "re"
+    trained = {"image": not re, "text": not files.text_frozen}
+    exposed = exposure(trainer.params, entry)
     summary = {
         "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
-        "exposed_to_eval_strings": exposed_to_eval_strings(entry.pretrain),
+        # the roles evaluation reads (report.ModelRole): an re run is the HierarCaps baseline, not a MAGIC fine-tune
+        "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
+        "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
+        "re_training": trainer.re_info,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
-        "epoch_kind": t.epoch, "epochs": t.epochs,
+        "epoch_kind": "re items" if re else t.epoch, "epochs": t.re_epochs if re else t.epochs,
         "steps_per_epoch": (trainer.sampler_info or {}).get("optimizer_steps_per_epoch"),
         "pretrain_steps_per_epoch": (trainer.pretrain_info or {}).get("batches_per_epoch"),
         "steps": s.step, "pretrain_steps": s.pretrain_steps, "skipped_steps": s.skipped_steps,
@@ -91,7 +97,7 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "pretrain_epoch_loss": s.pretrain_losses,
         "fallback_batches": s.fallback_batches, "repeated_images": s.repeated_images,
         "sampler": trainer.sampler_info, "pretraining": trainer.pretrain_info,
-        "text_frozen": trainer.params.model.freeze_text, "precomputed_texts": trainer.n_precomputed,
+        "text_frozen": trainer.params.model.freeze_text and not re, "precomputed_texts": trainer.n_precomputed,
         "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained),
         "tau_note": "fixed train.tau / tau_inner; model.logit_scale frozen and unused",
         "image_cache": {"size": trainer.inputs.cache.size, "images": len(trainer.inputs.cache),

@@ -50,7 +50,7 @@ class Trainer:
         self.files = RunFiles(run, entry.name, {**self.spec, "data": inputs.fingerprint}, info,
                               resolved_precision(self.device, self.amp))
         self.hash, self.out = self.files.hash, self.files.out
-        self.state = Progress(phase="pretrain" if entry.pretrain != "none" else "train")
+        self.state = Progress(phase="re" if entry.loss == "re" else "pretrain" if entry.pretrain != "none" else "train")
         # (progress, rng, stepper) at the last completed optimizer step: weights and optimizer only change inside
         # Stepper's interrupt-proof update, so together with them this is an exact checkpoint at any interruption
         self.boundary: tuple[dict[str, Any], dict[str, Any], Stepper | None] | None = None
@@ -59,6 +59,7 @@ class Trainer:
         self.sampler_info: dict[str, Any] | None = None
         self.pretrain_info: dict[str, Any] | None = None
         self.n_precomputed = 0
+        self.re_info: dict[str, Any] | None = None
 
     def _mark(self, stepper: Stepper | None) -> None:
         """Remember the position after a completed optimizer step (cheap: counters and RNG, no weights)."""
@@ -98,10 +99,13 @@ class Trainer:
         self.clock = lambda: time.perf_counter() - started
         try:
             with checkpoint_on_signals():
-                if self.state.phase == "pretrain":
-                    self._pretrain(ckpt)
-                    ckpt = None
-                self._train(ckpt)
+                if self.state.phase == "re":
+                    self._re(ckpt)
+                else:
+                    if self.state.phase == "pretrain":
+                        self._pretrain(ckpt)
+                        ckpt = None
+                    self._train(ckpt)
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (faults.Terminated)
             self._save_boundary()
             if self.boundary is not None:
@@ -118,7 +122,7 @@ class Trainer:
         import warnings
 
         warmup = self.t.warmup_steps
-        if phase == "pretrain":  # the text phase is short: its warmup is at most a tenth of it
+        if phase in ("pretrain", "re"):  # the text phases are short: their warmup is at most a tenth of them
             warmup = min(warmup, total // 10)
         elif warmup >= total:
             warmup = total // 10
@@ -210,6 +214,68 @@ class Trainer:
             result = stepper.step([pair], loss_fn, advance)
             self._record(epoch, result, 0, wait, time.perf_counter() - tick, {})
             bar.update(1)
+        bar.close()
+
+    # ------------------------------------------------------------------------------------ loss: re
+    def _re(self, ckpt: dict[str, Any] | None) -> None:
+        """The HierarCaps RE alignment (re_run.py): the text tower alone, on train.re_data's items."""
+        from cglib.train.re_run import LOSS_PARTS, REBatchSampler, re_items, re_step_loss
+
+        t = self.t
+        if self.info.world_size > 1:
+            raise ValueError(f"run {self.entry.name!r} (loss: re) trains on one process; run it without torchrun")
+        items, described = re_items(self.params, self.inputs.magic)
+        sampler = REBatchSampler(items, t.re_batch_size, self.params.run.seed)
+        per_epoch = len(sampler)
+        self.re_info = {**described, **sampler.describe(), "epochs": t.re_epochs, "lr": t.re_lr,
+                        "weights": {"mean": t.re_w_mean, "minimax": t.re_w_minimax, "reg": t.re_w_reg},
+                        "regularizer": "embeddings of the starting text tower (eval mode), computed once"}
+        self.sampler_info = {**self.re_info, "optimizer_steps_per_epoch": per_epoch}
+        total = t.re_epochs * per_epoch
+        # the frozen original tower: every text embedded once by the starting weights (a resumed run rebuilds them)
+        texts = sampler.all_texts()
+        original = self.bundle
+        if ckpt is not None:
+            original = self.files.fresh_model()
+            original.model.to(self.device)
+        frozen = torch.from_numpy(encode_texts(original, texts)).to(self.device)
+        rows = {text: k for k, text in enumerate(texts)}
+        self.n_precomputed = len(texts)
+        set_trainable(self.bundle, image=False, text=True)
+        # eval mode: no dropout, as in HierarCaps' CLIP (whose towers have none); with a dropout tower (MiniLM:
+        # 0.1) train mode would make the regularizer compare noisy embeddings with clean ones (reg > 0 at step 1)
+        self.bundle.model.eval()
+        module = wrap(Towers(self.bundle.model), self.info)
+        stepper = self._stepper(module, t.re_lr, total, "re", ckpt)
+        self._announce("RE alignment (text tower)", per_epoch, t.re_epochs,
+                       f"train.re_data: {t.re_data}, {len(items)} items, batch {sampler.batch_size}")
+        weights = {"w_mean": t.re_w_mean, "w_minimax": t.re_w_minimax, "w_reg": t.re_w_reg}
+
+        def loss_fn(batch: list) -> dict[str, torch.Tensor]:
+            return re_step_loss(module, self.bundle, batch, frozen, rows, weights)
+
+        def advance(result: dict[str, float]) -> None:
+            s = self.state
+            s.batch += 1
+            s.count(result)
+            if s.batch == per_epoch:
+                s.epoch_losses.append(s.epoch_sum / max(1, s.epoch_count))
+                s.epoch, s.batch, s.epoch_sum, s.epoch_count = s.epoch + 1, 0, 0.0, 0
+            self._mark(stepper)
+
+        bar = self._bar(total, "RE")
+        while self.state.epoch < t.re_epochs:
+            epoch = self.state.epoch
+            tick = time.perf_counter()
+            batch = sampler.batch(epoch, self.state.batch)
+            wait = time.perf_counter() - tick
+            result = stepper.step([batch], loss_fn, advance)
+            self._record(epoch, result, 0, wait, time.perf_counter() - tick,
+                         {f"re_{k}": result[k] for k in LOSS_PARTS})
+            bar.update(1)
+            if self.state.batch == 0:  # an epoch ended
+                self._save_boundary()
+                self.files.save_epoch_weights(self.bundle, self.state.epoch)
         bar.close()
 
     # ------------------------------------------------------------------------------------ phase 2

@@ -1,0 +1,120 @@
+"""The HierarCaps baseline as a `train.runs` entry (`loss: re`): Radial Embedding alignment of the text tower.
+
+A run with `loss: re` trains the text tower and its projection only (the image tower and the logit scale are
+frozen and referenced in its weights file) with `cglib.radial.radial_embedding_loss` on RE items
+(`cglib.data.hierarcaps_train`): `train.re_data: magic` builds them from this run's MAGIC train split (an image's
+concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "train", run.seed)`; a single
+top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
+hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's 2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
+reach it); the regularizer compares them with the embeddings of the ORIGINAL text tower (the run's starting
+weights), computed once for every text before the first update. The tower runs in eval mode throughout (no
+dropout, as HierarCaps' CLIP has none), so the regularizer is 0 before the first update. `train.re_epochs`,
+`re_batch_size`, `re_lr` and the weights `re_w_mean`, `re_w_minimax`, `re_w_reg` (paper: 1, 1, 10) are part of
+the run's spec. A batch is a pure function of (seed, epoch, index): `REBatchSampler`.
+
+Items from MAGIC name the l1-l4 concepts (the evaluation queries): such a run is `exposed_to_eval_strings`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from cglib.config import Params
+from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train, re_items_from_magic
+from cglib.magic.schema import MagicFile
+from cglib.models import ClipModel
+from cglib.radial import radial_embedding_loss
+
+LOSS_PARTS = ("mean", "minimax", "reg", "angle_pos", "angle_neg")  # logged as re_<part> in log.csv
+
+
+def re_items(params: Params, magic: MagicFile) -> tuple[list[REItem], dict[str, Any]]:
+    """The run's RE items (train.re_data) and a record of where they come from, for the summary."""
+    t = params.train
+    if t.re_data == "magic":
+        items, counts = re_items_from_magic(magic, "train", params.run.seed, single_top="drop")
+        what = ("MAGIC train split: per image its concept chain names l_max..l1 (the l1-l4 evaluation queries) "
+                "then one of its original captions; negatives same-level names off the chain and another image's "
+                "caption" + ("; the top tier is left out (a single top-level node has no negative)"
+                             if counts.get("dropped top tier: a single top-level node") else ""))
+    else:
+        path = params.data.hierarcaps_train_csv
+        if path is None:
+            raise ValueError("train.re_data: hierarcaps_train needs data.hierarcaps_train_csv (`cglib download "
+                             "hierarcaps-train --dest DIR` fetches it)")
+        items, counts = load_hierarcaps_train(path)
+        what = f"HierarCaps train hierarchies ({path.name}): four tiers, the last a caption"
+    if not items:
+        raise ValueError(f"train.re_data: {t.re_data} gave no RE item ({dict(counts)}); check the MAGIC train split "
+                         "(images with captions and concept chains) or the HierarCaps train file")
+    return items, {"re_data": t.re_data, "data": what, "items": len(items), "tiers": len(items[0].positives),
+                   "counts": dict(sorted(Counter(counts).items()))}
+
+
+class REBatchSampler:
+    """Batches of RE items: each epoch a seeded permutation cut into batches (the last may be smaller)."""
+
+    def __init__(self, items: list[REItem], batch_size: int, seed: int = 0) -> None:
+        if not items:
+            raise ValueError("no RE items to train on")
+        tiers = {len(item.positives) for item in items}
+        if len(tiers) != 1:
+            raise ValueError(f"RE items with different numbers of tiers {sorted(tiers)} cannot share a batch")
+        self.items, self.seed = items, seed
+        self.batch_size = min(batch_size, len(items))
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.items) / self.batch_size)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, np.random.default_rng([self.seed, epoch, 5]).permutation(len(self.items)))
+        return self._cached[1]
+
+    def batch(self, epoch: int, index: int) -> list[REItem]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch index {index} out of range for an epoch of {len(self)} batches")
+        rows = self.order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        return [self.items[int(r)] for r in rows]
+
+    def all_texts(self) -> list[str]:
+        """Every text a batch can hold (the frozen tower embeds each once)."""
+        return sorted({t for item in self.items for t in (*item.positives, *item.negatives)})
+
+    def describe(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "batches_per_epoch": len(self), "distinct_texts": len(self.all_texts())}
+
+
+def _tokens(bundle: ClipModel, texts: list[str]) -> torch.Tensor:
+    """Tokens of `texts`; columns that are padding for the whole batch are dropped (masked towers only)."""
+    tokens = bundle.tokenizer(texts)
+    pad = getattr(getattr(getattr(bundle.model, "text", None), "config", None), "pad_token_id", None)
+    if pad is not None:
+        tokens = tokens[:, :int((tokens != pad).any(dim=0).nonzero().max()) + 1]
+    return tokens
+
+
+def re_embed(module: torch.nn.Module, bundle: ClipModel, batch: list[REItem]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(root (L,), positives (B, K, L), negatives (B, K, L)) by the trainable text tower; root = embedding of ""."""
+    b, k = len(batch), len(batch[0].positives)
+    texts = [t for item in batch for t in item.positives] + [t for item in batch for t in item.negatives] + [""]
+    _, text = module(None, _tokens(bundle, texts).to(bundle.device))
+    return text[-1], text[:b * k].reshape(b, k, -1), text[b * k:2 * b * k].reshape(b, k, -1)
+
+
+def re_step_loss(module: torch.nn.Module, bundle: ClipModel, batch: list[REItem], frozen: torch.Tensor,
+                 rows: dict[str, int], weights: dict[str, float]) -> dict[str, torch.Tensor]:
+    """The RE loss of one batch and its parts (mean, minimax, reg, angle_pos, angle_neg)."""
+    root, positives, negatives = re_embed(module, bundle, batch)
+    index = torch.tensor([[rows[t] for t in item.positives] for item in batch] +
+                         [[rows[t] for t in item.negatives] for item in batch], device=frozen.device)
+    star = frozen[index]
+    b = len(batch)
+    return radial_embedding_loss(root, positives, negatives, star[:b], star[b:], return_parts=True, **weights)
