@@ -32,11 +32,11 @@ HAS_EPOCH = "epoch" in TrainParams.model_fields
 FORCED = {
     "run.name", "run.profile", "run.device",
     "data.coco_captions", "data.coco_images", "data.max_images", "data.hierarcaps_csv", "data.hierarcaps_images",
-    "data.image_cache_size",
+    "data.image_cache_size", "data.hierarcaps_train_csv",
     "llm.base_url",
     "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
-    "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers",
+    "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers", "train.re_data",
     "eval.bootstrap",
 }
 

@@ -180,7 +180,8 @@ def _model_info(run: RunContext) -> list[dict]:
         infos.append({"name": r.name, "loss": loss, "pretrain": summary.get("pretrain", r.pretrain),
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
-                      "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT)})
+                      "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT),
+                      "exposure": summary.get("exposure") or []})
     return infos + [zoo_info(z.name, z.model) for z in run.params.eval.zoo]
 
 
@@ -480,12 +481,18 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
             excluded[("forced_choice", f.labels, direction, "accuracy", f.key)] = n_out
 
     hc = _load_hierarcaps(run, magic, image_size, progress) if p.hierarcaps else None
-    exposure = {f"{m['name']}|*": "trained with the l1-l4 concept names (textual pretraining)"
+    # why a model saw evaluation strings, as its training summary says (older summaries: textual pretraining)
+    exposure = {f"{m['name']}|*": "; ".join(m.get("exposure") or
+                                            ["trained with the l1-l4 concept names (textual pretraining)"])
                 for m in models if m["exposed_to_eval_strings"]}
     trained = [m for m in models[1:] if not m.get("zoo")]
     leak_note = leakage_note(magic)
     for m in trained:
-        if leak_note and (params.train.text_source == "generalized" or m["pretrain"] != "none"):
+        # generalized captions are trained on by MAGIC fine-tuning (text_source: generalized) and by textual
+        # pretraining; an re run trains on concept chains and original captions only
+        on_generalized = (m.get("objective") != "re" and params.train.text_source == "generalized"
+                          or m["pretrain"] != "none")
+        if leak_note and on_generalized:
             exposure[f"{m['name']}|*"] = "; ".join(n for n in (exposure.get(f"{m['name']}|*"), leak_note) if n)
     if hc is not None and hc["overlap"]["train"]:
         for m in trained:
