@@ -21,6 +21,14 @@ class ParamsError(ValueError):
     """A params file is missing, unreadable or invalid; the message names each bad key and its fix."""
 
 
+def _unique(names: list[str], key: str) -> list[str]:
+    """`names` when no two are equal, else ValueError naming the duplicates and `key`."""
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"duplicate names {dupes}; give every entry of {key} its own name")
+    return names
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -327,10 +335,7 @@ class TrainParams(Section):
     @field_validator("runs")
     @classmethod
     def _unique_names(cls, runs: list[TrainRunParams]) -> list[TrainRunParams]:
-        names = [r.name for r in runs]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate run names {dupes}; give every entry of train.runs its own name")
+        names = _unique([r.name for r in runs], "train.runs")
         for i, r in enumerate(runs):
             if r.init is None:
                 continue
@@ -399,10 +404,7 @@ class EvalParams(Section):
     @field_validator("zoo")
     @classmethod
     def _zoo_names(cls, zoo: list[ZooModelParams]) -> list[ZooModelParams]:
-        names = [z.name for z in zoo]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate zoo names {dupes}; give every entry of eval.zoo its own name")
+        names = _unique([z.name for z in zoo], "eval.zoo")
         if ZERO_SHOT_NAME in names:
             raise ValueError(f"'{ZERO_SHOT_NAME}' is the untrained model's row; rename that eval.zoo entry "
                              "(e.g. clip-openai)")

@@ -36,7 +36,7 @@ def test_zoo_params_validate_names_and_resolve_paths(tmp_path):
     assert zoo[1].model.checkpoint == tmp_path / "w.safetensors"  # missing here: skipped at evaluation, not here
     assert parse_params({}, tmp_path).eval.zoo == []
 
-    with pytest.raises(ParamsError, match=r"eval.zoo: .*duplicate zoo names \['a'\].*its own name"):
+    with pytest.raises(ParamsError, match=r"eval.zoo: .*duplicate names \['a'\].*its own name"):
         parse_params(_zoo({"name": "a", "model": TINY_CLIP}, {"name": "a", "model": TINY_CLIP}), tmp_path)
     with pytest.raises(ParamsError, match=r"eval.zoo: .*'zero-shot' is the untrained model's row; rename"):
         parse_params(_zoo({"name": "zero-shot", "model": TINY_CLIP}), tmp_path)

@@ -60,7 +60,7 @@ def test_paper_profile_needs_its_data_unless_told():
     ("run:\n  profile: demoo\n", "run.profile: Input should be 'demo', 'paper', 'hierarcaps', 'rehearsal' or 'custom'"),
     ("train:\n  epochs: many\n", "train.epochs: Input should be a valid integer"),
     ("train:\n  runs: [{name: a, loss: clipp}]\n", "train.runs[0].loss: Input should be 'clip'"),
-    ("train:\n  runs: [{name: a, loss: clip}, {name: a, loss: pairwise}]\n", "duplicate run names ['a']"),
+    ("train:\n  runs: [{name: a, loss: clip}, {name: a, loss: pairwise}]\n", "duplicate names ['a']; give every entry of train.runs"),
     ("data:\n  synthetic: {min_objects: 4, max_objects: 2}\n", "min_objects (4) exceeds max_objects (2)"),
     ("data:\n  source: coco\n", "source 'coco' needs data.coco_captions and data.coco_images"),
     ("llm:\n  api_key_env: sk-abc123\n", "llm.api_key_env: String should match pattern"),
