@@ -9,7 +9,7 @@ Layout of `outputs/<run>/` (one folder per stage, so any notebook can re-run alo
     abstraction/             chains.jsonl, cache.sqlite, summary.json
     magic/                   magic.json, magic.graphml, stats.json
     cache/images/            decoded uint8 image cache at the model's input size (training, evaluation, viz)
-    training/                initial.safetensors (zero-shot weights); <model>/ final.safetensors, log.csv,
+    training/                initial.safetensors (zero-shot weights: the base); <model>/ final.safetensors, log.csv,
                              summary.json, checkpoints/, tensorboard/
     evaluation/              results.json, table3.csv, table3.md, embeddings cache
     figures/                 PNG and PDF of every figure

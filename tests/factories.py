@@ -59,3 +59,16 @@ def tiny_magic(per_group: int = 8, image_size: int = 32, test_fraction: float = 
     dataset = CaptionDataset(source="synthetic", image_ids=ids, captions=captions, pixels=np.stack(pixels))
     return magic, dataset
 
+
+def two_top_magic() -> MagicFile:
+    """tiny_magic with a second l4 node `recreation` over `leisure`: the top tier of an RE item has a negative."""
+    magic, _ = tiny_magic()
+    magic = magic.model_copy(deep=True)
+    top = node_id(4, "recreation")
+    magic.nodes[top] = Node(id=top, level=4, name="recreation")
+    leisure = magic.nodes[node_id(3, "leisure")]
+    leisure.parents, leisure.primary_parent = {top: 1}, top
+    for n in (top, node_id(4, "human activity")):
+        magic.nodes[n].n_images = sum(1 for i in magic.images.values() if magic.ancestor(i.node, 4) == n)
+    magic.nodes[node_id(4, "human activity")].parents = {}
+    return magic

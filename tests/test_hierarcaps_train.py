@@ -6,11 +6,11 @@ import gzip
 from pathlib import Path
 
 import pytest
-from factories import tiny_magic
+from factories import tiny_magic, two_top_magic
 
 from cglib.data.coco import CaptionFileError
 from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train, re_items_from_magic
-from cglib.magic.schema import MagicFile, Node, node_id
+from cglib.magic.schema import MagicFile, node_id
 
 
 def write_gz(path: Path, text: str) -> Path:
@@ -64,12 +64,7 @@ def re_magic() -> MagicFile:
     leisure) and leisure (no sibling, no hard negative: fallback); l2 celebration / meal siblings, sport alone
     (fallback); l1 pairs of siblings.
     """
-    magic, _ = tiny_magic()
-    magic = magic.model_copy(deep=True)
-    top = node_id(4, "recreation")
-    magic.nodes[top] = Node(id=top, level=4, name="recreation")
-    leisure = magic.nodes[node_id(3, "leisure")]
-    leisure.parents, leisure.primary_parent = {top: 1}, top
+    magic = two_top_magic()
     magic.nodes[node_id(3, "social gathering")].hard_negatives = [node_id(3, "leisure")]
     return magic
 

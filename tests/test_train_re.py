@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import tiny_magic
+from factories import tiny_magic, two_top_magic
 
 from cglib.config import Params, ParamsError, parse_params
-from cglib.magic.schema import MagicFile, Node, node_id, save_magic
+from cglib.magic.schema import save_magic
 from cglib.models import Towers, referenced_weights
 from cglib.radial import radial_embedding_loss
 from cglib.run import RunContext
@@ -26,20 +26,6 @@ TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text
 TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 1e-3, "warmup_steps": 2,
               "weight_decay": 0.01, "log_every": 2, "epoch": "groups", "re_lr": 1e-3, "re_batch_size": 8}
 RE_ROWS = [{"name": "hierarcaps", "loss": "re"}, {"name": "hierarcaps_ft", "loss": "clip", "init": "hierarcaps"}]
-
-
-def two_top_magic() -> MagicFile:
-    """tiny_magic with a second l4 node over `leisure`: the top tier of an RE item then has a negative."""
-    magic, _ = tiny_magic()
-    magic = magic.model_copy(deep=True)
-    top = node_id(4, "recreation")
-    magic.nodes[top] = Node(id=top, level=4, name="recreation")
-    leisure = magic.nodes[node_id(3, "leisure")]
-    leisure.parents, leisure.primary_parent = {top: 1}, top
-    for n in (top, node_id(4, "human activity")):
-        magic.nodes[n].n_images = sum(1 for i in magic.images.values() if magic.ancestor(i.node, 4) == n)
-    magic.nodes[node_id(4, "human activity")].parents = {}
-    return magic
 
 
 def make_run(directory: Path, runs: list[dict], **train) -> RunContext:
