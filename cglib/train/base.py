@@ -62,7 +62,8 @@ def base_corpus(run: RunContext) -> tuple[CaptionDataset, dict[str, Any]]:
         dataset = CaptionDataset.load(run.require("captions/dataset.json", "01_captions").parent)
         subset = dataset.subset([i for i in dataset.image_ids if i in magic.images and
                                  magic.images[i].split == "train"])
-        return subset, {"corpus": "magic_train", "texts": "original captions", "test_images": 0}
+        held_out = sum(1 for record in magic.images.values() if record.split == "test")
+        return subset, {"corpus": "magic_train", "texts": "original captions", "test_images_left_out": held_out}
     raise ValueError(f"train.base.corpus is {base.corpus!r}: there is no base corpus to train on")
 
 
