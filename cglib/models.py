@@ -487,6 +487,20 @@ def encode_images(bundle: ClipModel, pixels: np.ndarray, batch_size: int = 256) 
     return torch.cat(chunks).numpy() if chunks else np.zeros((0, bundle.embed_dim), np.float32)
 
 
+def _pad_token_id(bundle: ClipModel) -> int | None:
+    """The padding id of a tower that masks padding (Hugging Face towers such as the MiniLM), else None."""
+    return getattr(getattr(getattr(bundle.model, "text", None), "config", None), "pad_token_id", None)
+
+
+def tokenize(bundle: ClipModel, texts: Sequence[str]) -> torch.Tensor:
+    """Tokens of `texts`; on a tower that masks padding, columns that are padding for every text are dropped."""
+    tokens = bundle.tokenizer(list(texts))
+    pad = _pad_token_id(bundle)
+    if pad is not None:
+        tokens = tokens[:, :int((tokens != pad).any(dim=0).nonzero().max()) + 1]
+    return tokens
+
+
 @torch.no_grad()
 def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
     """L2-normalised text embeddings (float32, (n, D)), in eval mode.
@@ -496,7 +510,7 @@ def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256)
     fewer tokens for captions; equal up to float rounding). CLIP's own tower has a fixed positional table and
     takes the full context.
     """
-    pad = getattr(getattr(getattr(bundle.model, "text", None), "config", None), "pad_token_id", None)
+    pad = _pad_token_id(bundle)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if pad is not None else range(len(texts))
     order = list(order)
     out = np.empty((len(texts), bundle.embed_dim), dtype=np.float32)
@@ -504,9 +518,7 @@ def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256)
     bundle.model.eval()
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        tokens = bundle.tokenizer([texts[i] for i in rows])
-        if pad is not None:
-            tokens = tokens[:, :int((tokens != pad).any(dim=0).nonzero().max()) + 1]
+        tokens = tokenize(bundle, [texts[i] for i in rows])
         out[rows] = bundle.model.encode_text(tokens.to(bundle.device), normalize=True).float().cpu().numpy()
     bundle.model.train(was_training)
     return out

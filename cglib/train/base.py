@@ -33,7 +33,7 @@ from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import build_image_cache
 from cglib.frontend import tqdm
-from cglib.models import ClipModel, Towers, encode_texts, pixels_to_tensor
+from cglib.models import ClipModel, Towers, encode_texts, pixels_to_tensor, tokenize
 from cglib.run import RunContext
 from cglib.train.optim import amp_dtype
 from cglib.train.step import Stepper, set_trainable
@@ -44,13 +44,11 @@ def base_corpus(run: RunContext) -> tuple[CaptionDataset, dict[str, Any]]:
     params = run.params
     base = params.train.base
     if base.corpus == "synthetic":
-        from cglib.data.synthetic import leaked_concept_names, make_world
+        from cglib.data.sources import synthetic_world
+        from cglib.data.synthetic import leaked_concept_names
 
-        s = params.data.synthetic
         seed = params.run.seed + base.seed_offset
-        world = make_world(images_per_concept=base.images_per_concept or s.images_per_concept, seed=seed,
-                           image_size=s.image_size, captions_per_image=s.captions_per_image,
-                           min_objects=s.min_objects, max_objects=s.max_objects, levels=params.magic.l_max)
+        world = synthetic_world(params, seed, base.images_per_concept)
         texts = [c for i in world.dataset.image_ids for c in world.dataset.captions[i]]
         leaked = sum(leaked_concept_names(texts, world.taxonomy).values())
         return world.dataset, {"corpus": "synthetic", "world_seed": seed, "texts": "original captions",
@@ -109,7 +107,7 @@ def train_base(params: Params, bundle: ClipModel, dataset: CaptionDataset, cache
             image, _ = module(pixels_to_tensor(pixels, bundle), None)
             text = table[torch.tensor([rows[c] for c in captions], device=device)]
         else:
-            image, text = module(pixels_to_tensor(pixels, bundle), bundle.tokenizer(captions).to(device))
+            image, text = module(pixels_to_tensor(pixels, bundle), tokenize(bundle, captions).to(device))
         return {"loss": losses.clip_loss(image, text, tau=t.tau, text_ids=ids)}
 
     epoch_losses: list[float] = []

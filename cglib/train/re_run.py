@@ -27,7 +27,7 @@ import torch
 from cglib.config import Params
 from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train, re_items_from_magic
 from cglib.magic.schema import MagicFile
-from cglib.models import ClipModel
+from cglib.models import ClipModel, tokenize
 from cglib.radial import radial_embedding_loss
 
 LOSS_PARTS = ("mean", "minimax", "reg", "angle_pos", "angle_neg")  # logged as re_<part> in log.csv
@@ -91,21 +91,12 @@ class REBatchSampler:
         return {"batch_size": self.batch_size, "batches_per_epoch": len(self), "distinct_texts": len(self.all_texts())}
 
 
-def _tokens(bundle: ClipModel, texts: list[str]) -> torch.Tensor:
-    """Tokens of `texts`; columns that are padding for the whole batch are dropped (masked towers only)."""
-    tokens = bundle.tokenizer(texts)
-    pad = getattr(getattr(getattr(bundle.model, "text", None), "config", None), "pad_token_id", None)
-    if pad is not None:
-        tokens = tokens[:, :int((tokens != pad).any(dim=0).nonzero().max()) + 1]
-    return tokens
-
-
 def re_embed(module: torch.nn.Module, bundle: ClipModel, batch: list[REItem]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(root (L,), positives (B, K, L), negatives (B, K, L)) by the trainable text tower; root = embedding of ""."""
     b, k = len(batch), len(batch[0].positives)
     texts = [t for item in batch for t in item.positives] + [t for item in batch for t in item.negatives] + [""]
-    _, text = module(None, _tokens(bundle, texts).to(bundle.device))
+    _, text = module(None, tokenize(bundle, texts).to(bundle.device))
     return text[-1], text[:b * k].reshape(b, k, -1), text[b * k:2 * b * k].reshape(b, k, -1)
 
 
