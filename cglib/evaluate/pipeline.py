@@ -163,9 +163,7 @@ def _zero_shot_info() -> dict:
 
 def zoo_info(name: str, spec: ModelParams) -> dict:
     """A frozen reference model's entry in results.json `models`: never trained here, in no gain set."""
-    return {"name": name, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
-            "fine_tuned_on_magic": False, "objective": "none", "init": None, "zoo": True,
-            "spec": spec.model_dump(mode="json")}
+    return {**_zero_shot_info(), "name": name, "zoo": True, "spec": spec.model_dump(mode="json")}
 
 
 def _model_info(run: RunContext) -> list[dict]:
