@@ -1,8 +1,9 @@
 """`cglib` command line: validate params, run the notebook series, regenerate figures, write a run's HTML report,
-download or write data.
+search hyper-parameters, download or write data.
 
 Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written; `evaluate-model`: the
-model could not be loaded), 2 bad input (params, arguments, a model spec, not a run directory),
+model could not be loaded; `search`: no trial completed), 2 bad input (params, arguments, a model spec, not a run
+directory),
 3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
 4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
 5 `status`: the run is still running.
@@ -194,6 +195,32 @@ def _evaluate_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _search(args: argparse.Namespace) -> int:
+    from cglib.run import RunContext, seed_everything, set_threads
+    from cglib.train.search import run_search, shown_url, storage_url
+
+    params = load_params(args.params, check_paths=not args.no_check_paths)
+    run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
+    if not (run_dir / "magic" / "magic.json").is_file():
+        print(f"error: {run_dir} has no magic/magic.json: run the pipeline up to 03 first (`cglib run {args.params} "
+              "--only 01,02,03`) or pass --run-dir outputs/<run>", file=sys.stderr)
+        return 2
+    seed_everything(params.run.seed)
+    set_threads(params.run.threads)
+    print(f"study in {shown_url(storage_url(params, run_dir))}")
+    result = run_search(RunContext(params=params, dir=run_dir, params_path=Path(args.params)), trials=args.trials,
+                        progress=not args.quiet)
+    trials, best = result.summary["trials"], result.summary["best"]
+    print(f"study '{result.study.study_name}': {trials['COMPLETE']} complete, {trials['PRUNED']} pruned, "
+          f"{trials['FAIL']} failed, {trials['RUNNING']} running (of {trials['total']})")
+    if best is None:
+        print("no complete trial yet: no best params file")
+        return 1
+    print(f"best: trial {best['trial']}, validation accuracy {best['value']:.4f}, {best['params']}")
+    print(f"best params file: {result.best_params}; summary: {result.dir / 'search.json'}")
+    return 0
+
+
 def _download(args: argparse.Namespace) -> int:
     from cglib.data.download import download_named
 
@@ -279,6 +306,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="the run folder (default: <run.output_dir>/<run.name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_evaluate_model)
+
+    p = sub.add_parser("search", help="Bayesian hyper-parameter search (Optuna TPE, median pruning) over the paper's "
+                       "Table 2 ranges (search section of the params) for one train.runs entry, maximizing forced-"
+                       "choice accuracy on a validation slice of MAGIC train (the test split is never read); resumes "
+                       "a study in search.storage; writes RUN/search/STUDY/best_params.yaml; exit 0 ok, 1 no trial "
+                       "completed, 2 bad params or no MAGIC yet")
+    p.add_argument("params")
+    p.add_argument("--trials", type=int, help="finished trials the study should hold (default: search.trials); a "
+                   "rerun tops it up")
+    p.add_argument("--run-dir", help="the run folder with MAGIC built (default: <run.output_dir>/<run.name>)")
+    p.add_argument("--no-check-paths", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_search)
 
     from cglib.data.download import NAMED_DOWNLOADS
 

@@ -444,6 +444,110 @@ class VizParams(Section):
                                          "or ~/.cache/cglib/numba.")
 
 
+# ------------------------------------------------------------------------------------------ search
+class IntRange(Section):
+    low: int = Field(..., ge=1, description="Smallest value tried.")
+    high: int = Field(..., ge=1, description="Largest value tried.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) exceeds high ({self.high}); set low <= high")
+        return self
+
+
+class FloatRange(Section):
+    low: float = Field(..., ge=0, description="Smallest value tried.")
+    high: float = Field(..., ge=0, description="Largest value tried.")
+    log: bool = Field(False, description="Sample on a log scale (needs low > 0).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatRange:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) exceeds high ({self.high}); set low <= high")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log-scale range needs low > 0 (got {self.low}); raise low or set log: false")
+        return self
+
+
+class SearchSpace(Section):
+    """The paper's Table 2 ranges; a key set to null is not tuned (the train section's value is used)."""
+
+    groups_per_batch: IntRange | None = Field(
+        default_factory=lambda: IntRange(low=2, high=10), description="Range of train.groups_per_batch (M; "
+        "Table 2: 2-10); null = not tuned.")
+    pairs_per_group: IntRange | None = Field(
+        default_factory=lambda: IntRange(low=2, high=15), description="Range of train.pairs_per_group (N; "
+        "Table 2: 2-15); null = not tuned.")
+    lr: FloatRange | None = Field(
+        default_factory=lambda: FloatRange(low=1e-10, high=1e-4, log=True), description="Range of train.lr "
+        "(Table 2: 1e-10 to 1e-4, log scale); null = not tuned.")
+    tau: FloatRange | None = Field(
+        default_factory=lambda: FloatRange(low=0.1, high=1.0), description="Range of train.tau (Table 2: "
+        "0.1-1); null = not tuned.")
+    alpha: FloatRange | None = Field(
+        default_factory=lambda: FloatRange(low=0.0, high=1.0), description="Range of train.alpha (Table 2: "
+        "0-1); null = not tuned.")
+
+    @model_validator(mode="after")
+    def _valid_values(self) -> SearchSpace:
+        if self.tau is not None and self.tau.low <= 0:
+            raise ValueError("search.space.tau.low must be > 0 (a temperature); e.g. 0.1")
+        if self.alpha is not None and self.alpha.high > 1:
+            raise ValueError(f"search.space.alpha.high must be <= 1 (a weight), got {self.alpha.high}")
+        if self.lr is not None and self.lr.low <= 0:
+            raise ValueError("search.space.lr.low must be > 0 (a learning rate); e.g. 1e-10")
+        if all(getattr(self, k) is None for k in type(self).model_fields):
+            raise ValueError("search.space tunes nothing; give at least one range (e.g. lr: {low: 1e-10, "
+                             "high: 1e-4, log: true})")
+        return self
+
+    def tuned(self) -> dict[str, IntRange | FloatRange]:
+        """The tuned keys of the train section and their ranges, in a fixed order."""
+        return {k: getattr(self, k) for k in type(self).model_fields if getattr(self, k) is not None}
+
+
+class SearchParams(Section):
+    run: str | None = Field(None, description="The train.runs entry whose training is tuned (its loss, pretrain "
+                            "and variant options); null = the first entry with an image-text loss.")
+    trials: int = Field(20, ge=1, description="Finished (complete or pruned) trials the study should hold; a "
+                        "rerun tops the study up to this count (`cglib search --trials` overrides).")
+    storage: str | None = Field(
+        None, description="Where the study lives (what makes a search resumable): null = SQLite file "
+        "<run>/search/<study_name>.sqlite3 (one worker); 'journal:PATH' = Optuna's journal file (several "
+        "processes on one machine); 'sqlite:///PATH' or any SQLAlchemy database URL such as "
+        "'postgresql://user@host/db' (workers on many machines). Relative paths resolve against the run "
+        "directory; a password belongs in the URL's environment, never here (use ${ENV_VAR} in the URL).")
+    study_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$", description="Study name in the storage; "
+                                   "null = '<run.name>-<search.run>'.")
+    sampler_seed: int = Field(0, ge=0, description="Seed of the TPE sampler (which values are tried).")
+    startup_trials: int = Field(5, ge=1, description="Random trials before TPE models the results "
+                                "(TPESampler n_startup_trials).")
+    space: SearchSpace = Field(default_factory=SearchSpace, description="Ranges tried (the paper's Table 2).")
+    objective: Literal["levels", "table3"] = Field(
+        "levels", description="What is maximized on the validation split: levels = the mean text->image "
+        "forced-choice accuracy over the concept levels l1..l_max; table3 = the mean over Table 3's columns "
+        "(generalized caption, original caption, l1..l_max).")
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of the MAGIC-train images (or "
+                                       "concepts, with magic.split: concept) carved out as the validation split, "
+                                       "seeded by run.seed; MAGIC test images are never read.")
+    epochs: int | None = Field(None, ge=1, description="Image-text epochs per trial; null = train.epochs.")
+    pruner_startup_trials: int = Field(3, ge=0, description="Trials that finish before the median pruner stops "
+                                       "any (MedianPruner n_startup_trials).")
+    pruner_warmup_epochs: int = Field(0, ge=0, description="Epochs of a trial that are never pruned "
+                                      "(MedianPruner n_warmup_steps).")
+    heartbeat_s: int = Field(60, ge=1, description="Database storages: a RUNNING trial of a worker silent for "
+                             "twice this long (on any machine) is failed and its values tried again.")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_form(cls, storage: str | None) -> str | None:
+        if storage is None or storage.startswith("journal:") or "://" in storage:
+            return storage
+        raise ValueError(f"search.storage {storage!r} is neither 'journal:PATH' nor a database URL; use e.g. "
+                         "journal:search/study.log, sqlite:///search/study.sqlite3 or postgresql://host/db")
+
+
 # ---------------------------------------------------------------------------------------------- all
 class Params(Section):
     run: RunParams = Field(default_factory=RunParams)
@@ -454,6 +558,7 @@ class Params(Section):
     train: TrainParams = Field(default_factory=TrainParams)
     eval: EvalParams = Field(default_factory=EvalParams)
     viz: VizParams = Field(default_factory=VizParams)
+    search: SearchParams = Field(default_factory=SearchParams)
 
     @model_validator(mode="after")
     def _cross_section(self) -> Params:
@@ -467,10 +572,38 @@ class Params(Section):
         if clash:
             raise ValueError(f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
                              "(every row of Table 3 needs its own name)")
+        self._search_run()
         if self.llm.backend == "oracle" and self.data.source != "synthetic":
             raise ValueError("llm.backend 'oracle' needs the synthetic world's ground truth; "
                              "use data.source: synthetic or another backend")
         return self
+
+    def _search_run(self) -> None:
+        """search.run names an image-text run whose tuned keys are not overridden in its train.runs entry."""
+        name = self.search.run
+        if name is None:
+            return
+        entry = next((r for r in self.train.runs if r.name == name), None)
+        if entry is None:
+            raise ValueError(f"search.run {name!r} is not a train.runs entry; choose one of "
+                             f"{[r.name for r in self.train.runs]} (or null for the first image-text run)")
+        if entry.loss == "re":
+            raise ValueError(f"search.run {name!r} has loss re, which trains the text tower alone with train.re_*; "
+                             "tune an image-text run (loss clip, pairwise or centroid)")
+        for key in ("tau", "alpha"):
+            if getattr(entry, key) is not None and getattr(self.search.space, key) is not None:
+                raise ValueError(f"train.runs entry {name!r} overrides {key}, so a tuned train.{key} would not "
+                                 f"reach it; remove its {key} or set search.space.{key}: null")
+
+    def search_run(self) -> str:
+        """The train.runs entry the search tunes: search.run, else the first entry with an image-text loss."""
+        if self.search.run is not None:
+            return self.search.run
+        for entry in self.train.runs:
+            if entry.loss != "re":
+                return entry.name
+        raise ValueError("train.runs has no image-text run (loss clip, pairwise or centroid) to tune; add one "
+                         "or set search.run")
 
     def run_dir(self, root: Path | None = None) -> Path:
         """The run directory `<output_dir>/<name>`, relative paths resolved against `root` (default: cwd)."""

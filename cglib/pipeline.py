@@ -461,12 +461,17 @@ def run_status(run_dir: Path) -> dict:
     if manifest is None:
         raise FileNotFoundError(f"{Path(run_dir) / 'run.json'} not found or unreadable: not a run directory "
                                 "(pass outputs/<run> of a `cglib run`)")
-    runner = manifest.get("runner") or {}
-    pid = runner.get("pid")
-    if manifest.get("status") == "running" and runner.get("host") == socket.gethostname() and isinstance(pid, int):
-        gone = not _pid_alive(pid)
-        recorded, current = runner.get("process_start"), _process_start(pid)
-        reused = recorded is not None and current is not None and recorded != current
-        if gone or reused:
-            manifest["status"] = "interrupted"
+    if manifest.get("status") == "running" and runner_gone(manifest.get("runner") or {}):
+        manifest["status"] = "interrupted"
     return manifest
+
+
+def runner_gone(runner: dict) -> bool:
+    """Whether the process `runner_identity` described has ended: its PID is gone on this host or reused by
+    another process. False for a process on another host (it cannot be checked from here)."""
+    pid = runner.get("pid")
+    if runner.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    recorded, current = runner.get("process_start"), _process_start(pid)
+    reused = recorded is not None and current is not None and recorded != current
+    return not _pid_alive(pid) or reused

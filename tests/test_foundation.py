@@ -143,7 +143,7 @@ def test_schema_table_lists_every_key_with_meaning():
     """The generated params table covers every leaf key of every section, each with a description."""
     rows = schema_table()
     keys = {r["key"] for r in rows}
-    for section in ("run", "data", "llm", "magic", "model", "train", "eval", "viz"):
+    for section in ("run", "data", "llm", "magic", "model", "train", "eval", "viz", "search"):
         assert any(k.startswith(section + ".") for k in keys), section
     assert "data.synthetic.images_per_concept" in keys and "train.runs[].loss" in keys
     assert all(r["meaning"] for r in rows), [r["key"] for r in rows if not r["meaning"]]

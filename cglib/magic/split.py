@@ -35,23 +35,26 @@ def n_test_images(n: int, test_fraction: float) -> int:
     return min(_round_half_up(n * test_fraction), n - 1)
 
 
-def split_images(groups: dict[str, list[str]], kind: Literal["image", "concept"], test_fraction: float, seed: int
-                 ) -> dict[str, Literal["train", "test"]]:
-    """Image id -> "train"/"test" for `groups` (l1 node id -> image ids)."""
+def split_images(groups: dict[str, list[str]], kind: Literal["image", "concept"], test_fraction: float, seed: int,
+                 salt: str = "") -> dict[str, Literal["train", "test"]]:
+    """Image id -> "train"/"test" for `groups` (l1 node id -> image ids).
+
+    `salt` prefixes every generator key, so a second split of the same groups (the search's validation slice of
+    MAGIC train) draws from streams of its own; "" is the MAGIC train/test split."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     split: dict[str, Literal["train", "test"]] = {}
     if kind == "image":
         for node in sorted(groups):
             images = sorted(groups[node])
-            order = _rng(seed, node).permutation(len(images))
+            order = _rng(seed, salt + node).permutation(len(images))
             n_test = n_test_images(len(images), test_fraction)
             for rank, i in enumerate(order):
                 split[images[i]] = "test" if rank < n_test else "train"
         return split
     if kind == "concept":
         nodes = sorted(groups)
-        order = _rng(seed, "concept-split").permutation(len(nodes))
+        order = _rng(seed, salt + "concept-split").permutation(len(nodes))
         n_test = 0 if len(nodes) < 2 else min(max(1, _round_half_up(len(nodes) * test_fraction)), len(nodes) - 1)
         test_nodes = {nodes[i] for i in order[:n_test]}
         for node in nodes:

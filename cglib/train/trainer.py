@@ -40,11 +40,14 @@ class Trainer:
     """One train.runs entry from start (or its checkpoint) to final weights and summary."""
 
     def __init__(self, run: RunContext, entry: TrainRunParams, inputs: TrainInputs, info: DistInfo,
-                 on_step: Callable[[dict[str, Any]], None] | None, progress: bool) -> None:
+                 on_step: Callable[[dict[str, Any]], None] | None, progress: bool,
+                 on_epoch: Callable[[int, ClipModel], None] | None = None) -> None:
+        """`on_epoch(epochs_done, bundle)` is called after each image-text epoch's checkpoint (the hyper-parameter
+        search scores the validation split there and may stop the run by raising)."""
         self.run, self.entry, self.inputs, self.info = run, entry, inputs, info
         self.params, self.t = run.params, run.params.train
         self.spec = run_spec(run.params, entry)
-        self.on_step, self.progress = on_step, progress
+        self.on_step, self.on_epoch, self.progress = on_step, on_epoch, progress
         self.device = info.device
         self.amp = amp_dtype(self.t.amp, self.device)
         self.files = RunFiles(run, entry.name, {**self.spec, "data": inputs.fingerprint}, info,
@@ -349,4 +352,6 @@ class Trainer:
                 self._mark(stepper)
             self._save_boundary()
             self.files.save_epoch_weights(self.bundle, s.epoch)
+            if self.on_epoch is not None:
+                self.on_epoch(s.epoch, self.bundle)
         bar.close()
