@@ -532,6 +532,9 @@ class SearchParams(Section):
                                        "concepts, with magic.split: concept) carved out as the validation split, "
                                        "seeded by run.seed; MAGIC test images are never read.")
     epochs: int | None = Field(None, ge=1, description="Image-text epochs per trial; null = train.epochs.")
+    groups: int | None = Field(None, ge=2, description="Shrink the search's world to this many l1 groups (a seeded "
+                               "draw, each group followed by its hard negatives; training and validation both use "
+                               "only them): quick searches such as the demo's; null = every group.")
     pruner_startup_trials: int = Field(3, ge=0, description="Trials that finish before the median pruner stops "
                                        "any (MedianPruner n_startup_trials).")
     pruner_warmup_epochs: int = Field(0, ge=0, description="Epochs of a trial that are never pruned "

@@ -77,6 +77,12 @@ def test_validation_split_is_carved_from_train_disjoint_from_test_and_training_p
     assert search_view(magic, 0.25, seed=0)[1]["validation_ids"] == record["validation_ids"]
     assert search_view(magic, 0.25, seed=1)[1]["validation_ids"] != record["validation_ids"]
 
+    shrunk, small = search_view(magic, 0.25, seed=0, groups=4)  # the demo's shrunken world
+    kept = set(shrunk.groups())
+    assert small["groups"] == len(kept) == 4 and small["groups_in_magic"] == 6
+    assert all(set(magic.negatives(g)) & kept for g in kept)  # a group comes with its hard negative
+    assert set(shrunk.split_ids("test")) <= validation and not set(shrunk.images) & test
+
     sampler = GroupBatchSampler(view, 3, 3, seed=0, epoch="groups")
     used = {i for epoch in range(3) for b in range(len(sampler)) for g in sampler.batch(epoch, b).image_ids
             for i in g}

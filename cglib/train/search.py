@@ -207,7 +207,8 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
     folder = workspace(params, run.dir)
     magic_path = run.require("magic/magic.json", "03_magic_dag")
     dataset = CaptionDataset.load(run.require("captions/dataset.json", "01_captions").parent)
-    view, validation = search_view(load_magic(magic_path), params.search.validation_fraction, params.run.seed)
+    view, validation = search_view(load_magic(magic_path), params.search.validation_fraction, params.run.seed,
+                                   params.search.groups)
     space = RunContext(params=params, dir=folder, params_path=run.params_path)
     with _locked(folder):
         initial = ensure_initial(run, progress=progress)  # the run's own base: nothing to do after notebook 05

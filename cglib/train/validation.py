@@ -30,10 +30,27 @@ from cglib.models import ClipModel, encode_images, encode_texts
 VALIDATION_SALT = "search-validation/"  # the validation split's generator streams differ from the test split's
 
 
-def search_view(magic: MagicFile, fraction: float, seed: int) -> tuple[MagicFile, dict[str, Any]]:
+def group_subset(magic: MagicFile, size: int, seed: int) -> list[str]:
+    """`size` l1 groups with MAGIC-train images, drawn in a seeded order, each followed by its hard negatives, so
+    the groups of a shrunken search keep negatives among themselves; sorted ids."""
+    groups = magic.groups("train")
+    chosen: list[str] = []
+    for k in np.random.default_rng([seed, 8]).permutation(len(groups)):
+        for group in [groups[k], *magic.negatives(groups[k], split="train")]:
+            if len(chosen) < size and group not in chosen:
+                chosen.append(group)
+    return sorted(chosen)
+
+
+def search_view(magic: MagicFile, fraction: float, seed: int, groups: int | None = None
+                ) -> tuple[MagicFile, dict[str, Any]]:
     """magic.json without its test images, a seeded slice of MAGIC train relabelled "test" (validation); and a
-    record of the split (counts, seed, the validation image ids)."""
+    record of the split (counts, seed, the validation image ids). `groups`: keep only that many l1 groups
+    (`group_subset`), a shrunken world for a quick search."""
     train_ids = magic.split_ids("train")
+    kept = None if groups is None else set(group_subset(magic, groups, seed))
+    if kept is not None:
+        train_ids = [i for i in train_ids if magic.images[i].node in kept]
     groups: dict[str, list[str]] = {}
     for image_id in train_ids:
         groups.setdefault(magic.images[image_id].node, []).append(image_id)
@@ -46,6 +63,7 @@ def search_view(magic: MagicFile, fraction: float, seed: int) -> tuple[MagicFile
     view = MagicFile.model_validate(data)  # not load_magic: node counts describe the whole DAG, as they should
     validation = view.split_ids("test")
     record = {"seed": seed, "validation_fraction": fraction, "split_kind": magic.split_kind,
+              "groups": len(view.groups()), "groups_in_magic": len(magic.groups("train")),
               "train_images": len(train_ids) - len(validation), "validation_images": len(validation),
               "validation_groups": len(view.groups("test")),
               "test_images_left_out": len(magic.split_ids("test")), "validation_ids": validation}
