@@ -157,6 +157,7 @@ def test_search_resumes_after_sigkill_without_losing_a_trial(tmp_path):
     loaded = load_params(best)
     study = study_of(path, run_dir)
     assert loaded.run.name == "tiny-tuned" and loaded.search.run == "pairwise"
+    assert loaded.run_dir() == path.parent.parent / "outputs" / "tiny-tuned"  # beside the input's own run folder
     for key, value in study.best_trial.params.items():
         assert getattr(loaded.train, key) == pytest.approx(value)
     assert "validation" in best.read_text().splitlines()[0] and "never read" in best.read_text().splitlines()[0]

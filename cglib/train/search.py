@@ -282,6 +282,8 @@ def run_search(run: RunContext, trials: int | None = None, progress: bool = True
     space = prepare_workspace(run, progress)
     study = open_study(params, run.dir)
     recovered = recover_dead_trials(study)
+    for number in recovered:  # the dead worker's scratch weights
+        shutil.rmtree(space.dir / "training" / f"trial-{number:05d}", ignore_errors=True)
     if recovered:
         logger.warning("trials %s were left RUNNING by a worker that is gone: marked FAIL, their values queued again",
                        recovered)
@@ -303,7 +305,7 @@ def complete_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 PATH_KEYS = [("data", "coco_captions"), ("data", "coco_images"), ("data", "hierarcaps_csv"),
              ("data", "hierarcaps_images"), ("data", "hierarcaps_train_csv"), ("model", "checkpoint"),
-             ("model", "hf_state_dict"), ("llm", "offline_taxonomy"), ("run", "output_dir")]
+             ("model", "hf_state_dict"), ("llm", "offline_taxonomy"), ("llm", "cache_path")]
 
 
 def _absolute_inputs(raw: dict, root: Path) -> dict:
@@ -326,8 +328,9 @@ def write_best_params(run: RunContext, study: optuna.Study, path: Path) -> Path 
     best = study.best_trial
     raw = load_yaml(read_text(run.params_path)) or {}
     root = params_root(run.params_path)
-    merged = deep_merge(_absolute_inputs(raw, root), {"train": dict(best.params),
-                                                     "run": {"name": f"{run.params.run.name}-tuned"}})
+    # the run folder stays beside the original's (output_dir as the input file meant it, now absolute)
+    tuned_run = {"name": f"{run.params.run.name}-tuned", "output_dir": str(run.params.run_dir(root).parent)}
+    merged = deep_merge(_absolute_inputs(raw, root), {"train": dict(best.params), "run": tuned_run})
     parse_params(merged, root, check_paths=False)  # the file must load: fail here, not in the user's next run
     header = (f"# {run.params_path.name} with the best values of study '{study.study_name}' (trial {best.number}, "
               f"validation accuracy {best.value:.4f}: mean forced choice on a validation slice of MAGIC train; the "
