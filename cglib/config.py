@@ -181,6 +181,10 @@ class ModelParams(Section):
         "minilm", description="open_clip: the architecture's own text tower; minilm: the offline pretrained MiniLM "
         "(with source: hf the checkpoint's own tower: unset means open_clip).")
     freeze_text: bool = Field(True, description="Freeze the text tower (lets text embeddings be computed once).")
+    text_projection: Literal["none", "identity"] = Field(
+        "none", description="text_tower: minilm only. none: the joint space is MiniLM's own 384-d output; identity: "
+        "a 384x384 linear projection after the tower, initialised to the identity (embeddings unchanged until it "
+        "trains), so that text phases can train the projection alone (train.text_trains: projection).")
     image_size: int | None = Field(None, ge=16, le=1024, description="Override the image tower's input size.")
     embed_dim: int | None = Field(None, ge=8, le=4096, description="Override the joint embedding size (cglib configs).")
     force_activation: Literal["gelu", "quick_gelu"] | None = Field(
@@ -204,6 +208,14 @@ class ModelParams(Section):
         if isinstance(data, dict) and data.get("source") == "hf" and "text_tower" not in data:
             data = {**data, "text_tower": "open_clip"}
         return data
+
+    @model_validator(mode="after")
+    def _projection_needs_minilm(self) -> ModelParams:
+        if self.text_projection == "identity" and (self.text_tower != "minilm" or self.source != "open_clip"):
+            raise ValueError("model.text_projection: identity adds a projection to the MiniLM text tower; set "
+                             "model.text_tower: minilm (a cglib config), or text_projection: none (open_clip and HF "
+                             "towers have their own projection)")
+        return self
 
     @model_validator(mode="after")
     def _hf_options(self) -> ModelParams:
@@ -321,6 +333,10 @@ class TrainParams(Section):
     log_every: int = Field(10, ge=1, description="Log every k steps.")
     base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
                                   "starts from (the zero-shot row).")
+    text_trains: Literal["tower", "projection"] = Field(
+        "tower", description="What the text phases (textual pretraining, loss: re) train. tower: the whole text "
+        "tower and its projection (the authors); projection: the projection alone on the frozen tower, whose "
+        "outputs are computed once (the demo: MiniLM, needs model.text_projection: identity).")
     re_data: Literal["magic", "hierarcaps_train"] = Field(
         "magic", description="Items of loss: re runs. magic: built from this run's MAGIC train split (concept chain "
         "l_max..l1 + a caption; the chain names are the l1-l4 evaluation queries, so the run is exposed to "
@@ -463,6 +479,9 @@ class Params(Section):
         if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
             raise ValueError("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
                              f"'{self.data.source}' use train.base.corpus: magic_train (or none)")
+        if self.train.text_trains == "projection" and self.model.text_projection == "none":
+            raise ValueError("train.text_trains: projection trains the text projection alone, and the model has "
+                             "none: set model.text_projection: identity (text_tower: minilm), or text_trains: tower")
         clash = sorted({z.name for z in self.eval.zoo} & {r.name for r in self.train.runs})
         if clash:
             raise ValueError(f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
