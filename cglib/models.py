@@ -211,7 +211,7 @@ class ClipModel:
         if not isinstance(proj, torch.nn.Linear):  # a params problem (no projection configured), not a type error
             raise ValueError(  # noqa: TRY004
                 "this model's text tower has no separate projection to train alone; set "
-                             "model.text_tower: minilm and model.text_projection: identity, or train.text_trains: tower")
+                "model.text_tower: minilm and model.text_projection: identity, or train.text_trains: tower")
         return proj
 
     def set_text_trainable(self, trainable: bool) -> None:
