@@ -264,6 +264,10 @@ class TrainRunParams(Section):
     pretrain: Literal["none", "leakage_free", "with_concepts"] = Field(
         "none", description="Textual alignment pretraining: none; leakage_free (captions vs generalized captions); "
         "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
+    released: Path | None = Field(
+        None, description="loss: re only: a file of the HierarCaps authors' released weights (a transformers CLIPModel "
+        "state dict over openai/clip-vit-base-patch32). When it exists the row loads its text tower onto the base "
+        "instead of training (summary weights_source: released); absent, the row is trained here and marked so.")
     alpha_on: Literal["inner", "outer"] = Field("inner", description="inner: paper (alpha*inner); outer: authors' code.")
     normalize_products: bool = Field(False, description="Authors' pairwise inner term (normalized products).")
     tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")
@@ -275,6 +279,9 @@ class TrainRunParams(Section):
         if self.loss == "re" and self.pretrain != "none":
             raise ValueError(f"run {self.name!r}: loss re trains the text tower on its own data and takes no textual "
                              "pretraining; set pretrain: none")
+        if self.released is not None and self.loss != "re":
+            raise ValueError(f"run {self.name!r}: released names HierarCaps' released weights, the weights of a loss: "
+                             "re row; remove released, or set loss: re")
         return self
 
 
@@ -577,6 +584,9 @@ def resolve_paths(params: Params, root: Path) -> Params:
         name = model["name"]
         if model["source"] == "hf" and not Path(name).is_absolute() and (root / name).is_dir():
             model["name"] = str(root / name)  # a local CLIP directory relative to the repo root
+    for run in data["train"]["runs"]:
+        if run["released"] is not None and not Path(run["released"]).is_absolute():
+            run["released"] = root / run["released"]
     if not Path(data["run"]["output_dir"]).is_absolute():
         data["run"]["output_dir"] = root / data["run"]["output_dir"]
     return Params.model_validate(data)

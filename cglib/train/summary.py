@@ -89,6 +89,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
         "re_training": trainer.re_info,
+        # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
+        "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
         "epoch_kind": "re items" if re else t.epoch, "epochs": t.re_epochs if re else t.epochs,
         "steps_per_epoch": (trainer.sampler_info or {}).get("optimizer_steps_per_epoch"),

@@ -29,6 +29,7 @@ from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved
 from cglib.train.inputs import TrainInputs, run_spec
 from cglib.train.optim import amp_dtype
 from cglib.train.pretrain import TextPairSampler
+from cglib.train.released import TRAINED_HERE, load_released, released_present
 from cglib.train.runlog import LOG_COLUMNS, RunLog
 from cglib.train.sampler import GroupBatchSampler
 from cglib.train.step import Stepper, group_step_loss, set_trainable, wrap
@@ -61,6 +62,7 @@ class Trainer:
         self.pretrain_info: dict[str, Any] | None = None
         self.n_precomputed = 0
         self.re_info: dict[str, Any] | None = None
+        self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
 
     def _mark(self, stepper: Stepper | None) -> None:
         """Remember the position after a completed optimizer step (cheap: counters and RNG, no weights)."""
@@ -100,7 +102,9 @@ class Trainer:
         self.clock = lambda: time.perf_counter() - started
         try:
             with checkpoint_on_signals():
-                if self.state.phase == "re":
+                if self.state.phase == "re" and released_present(self.entry):
+                    self.weights_source = load_released(self.bundle, self.entry)
+                elif self.state.phase == "re":
                     self._re(ckpt)
                 else:
                     if self.state.phase == "pretrain":
