@@ -181,6 +181,10 @@ class ModelParams(Section):
         "minilm", description="open_clip: the architecture's own text tower; minilm: the offline pretrained MiniLM "
         "(with source: hf the checkpoint's own tower: unset means open_clip).")
     freeze_text: bool = Field(True, description="Freeze the text tower (lets text embeddings be computed once).")
+    text_projection: Literal["none", "identity"] = Field(
+        "none", description="text_tower: minilm only. none: the joint space is MiniLM's own 384-d output; identity: "
+        "a 384x384 linear projection after the tower, initialised to the identity (embeddings unchanged until it "
+        "trains), so that text phases can train the projection alone (train.text_trains: projection).")
     image_size: int | None = Field(None, ge=16, le=1024, description="Override the image tower's input size.")
     embed_dim: int | None = Field(None, ge=8, le=4096, description="Override the joint embedding size (cglib configs).")
     force_activation: Literal["gelu", "quick_gelu"] | None = Field(
@@ -204,6 +208,14 @@ class ModelParams(Section):
         if isinstance(data, dict) and data.get("source") == "hf" and "text_tower" not in data:
             data = {**data, "text_tower": "open_clip"}
         return data
+
+    @model_validator(mode="after")
+    def _projection_needs_minilm(self) -> ModelParams:
+        if self.text_projection == "identity" and (self.text_tower != "minilm" or self.source != "open_clip"):
+            raise ValueError("model.text_projection: identity adds a projection to the MiniLM text tower; set "
+                             "model.text_tower: minilm (a cglib config), or text_projection: none (open_clip and HF "
+                             "towers have their own projection)")
+        return self
 
     @model_validator(mode="after")
     def _hf_options(self) -> ModelParams:
@@ -252,6 +264,10 @@ class TrainRunParams(Section):
     pretrain: Literal["none", "leakage_free", "with_concepts"] = Field(
         "none", description="Textual alignment pretraining: none; leakage_free (captions vs generalized captions); "
         "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
+    released: Path | None = Field(
+        None, description="loss: re only: a file of the HierarCaps authors' released weights (a transformers CLIPModel "
+        "state dict over openai/clip-vit-base-patch32). When it exists the row loads its text tower onto the base "
+        "instead of training (summary weights_source: released); absent, the row is trained here and marked so.")
     alpha_on: Literal["inner", "outer"] = Field("inner", description="inner: paper (alpha*inner); outer: authors' code.")
     normalize_products: bool = Field(False, description="Authors' pairwise inner term (normalized products).")
     tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")
@@ -263,6 +279,9 @@ class TrainRunParams(Section):
         if self.loss == "re" and self.pretrain != "none":
             raise ValueError(f"run {self.name!r}: loss re trains the text tower on its own data and takes no textual "
                              "pretraining; set pretrain: none")
+        if self.released is not None and self.loss != "re":
+            raise ValueError(f"run {self.name!r}: released names HierarCaps' released weights, the weights of a loss: "
+                             "re row; remove released, or set loss: re")
         return self
 
 
@@ -321,6 +340,10 @@ class TrainParams(Section):
     log_every: int = Field(10, ge=1, description="Log every k steps.")
     base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
                                   "starts from (the zero-shot row).")
+    text_trains: Literal["tower", "projection"] = Field(
+        "tower", description="What the text phases (textual pretraining, loss: re) train. tower: the whole text "
+        "tower and its projection (the authors); projection: the projection alone on the frozen tower, whose "
+        "outputs are computed once (the demo: MiniLM, needs model.text_projection: identity).")
     re_data: Literal["magic", "hierarcaps_train"] = Field(
         "magic", description="Items of loss: re runs. magic: built from this run's MAGIC train split (concept chain "
         "l_max..l1 + a caption; the chain names are the l1-l4 evaluation queries, so the run is exposed to "
@@ -571,6 +594,9 @@ class Params(Section):
         if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
             raise ValueError("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
                              f"'{self.data.source}' use train.base.corpus: magic_train (or none)")
+        if self.train.text_trains == "projection" and self.model.text_projection == "none":
+            raise ValueError("train.text_trains: projection trains the text projection alone, and the model has "
+                             "none: set model.text_projection: identity (text_tower: minilm), or text_trains: tower")
         clash = sorted({z.name for z in self.eval.zoo} & {r.name for r in self.train.runs})
         if clash:
             raise ValueError(f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
@@ -694,6 +720,9 @@ def resolve_paths(params: Params, root: Path) -> Params:
         name = model["name"]
         if model["source"] == "hf" and not Path(name).is_absolute() and (root / name).is_dir():
             model["name"] = str(root / name)  # a local CLIP directory relative to the repo root
+    for run in data["train"]["runs"]:
+        if run["released"] is not None and not Path(run["released"]).is_absolute():
+            run["released"] = root / run["released"]
     if not Path(data["run"]["output_dir"]).is_absolute():
         data["run"]["output_dir"] = root / data["run"]["output_dir"]
     return Params.model_validate(data)

@@ -150,11 +150,12 @@ def load_clip(name: str, weights: bool = True) -> torch.nn.Module:
                          "local directory") from None
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from safetensors or a torch file (weights_only), unwrapped and without DDP's `module.`."""
+def read_state_dict(path: str | Path, key: str = "model.hf_state_dict") -> dict[str, torch.Tensor]:
+    """A state dict from safetensors or a torch file (weights_only), unwrapped and without DDP's `module.`;
+    `key` names the params key in error messages."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model.hf_state_dict not found: {path}; fix the path")
+        raise FileNotFoundError(f"{key} not found: {path}; fix the path")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -163,8 +164,43 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if isinstance(state, dict):
         state = state.get("state_dict", state.get("model", state))
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"model.hf_state_dict {path} is not a state dict (a mapping of names to tensors)")
+        raise ValueError(f"{key} {path} is not a state dict (a mapping of names to tensors)")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def open_clip_text_state(state: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
+    """The text tower and projection of a transformers CLIPModel state dict as open_clip CLIP state-dict entries.
+
+    Both libraries implement OpenAI's text transformer; they differ in names and in two layouts: open_clip keeps
+    q, k and v in one `in_proj` matrix (rows q, then k, then v, as nn.MultiheadAttention) and applies its text
+    projection as `x @ text_projection` (the transpose of transformers' nn.Linear weight).
+    """
+    hf = "text_model."
+    fixed = {"token_embedding.weight": f"{hf}embeddings.token_embedding.weight",
+             "positional_embedding": f"{hf}embeddings.position_embedding.weight",
+             "ln_final.weight": f"{hf}final_layer_norm.weight", "ln_final.bias": f"{hf}final_layer_norm.bias"}
+    per_layer = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "attn.out_proj": "self_attn.out_proj",
+                 "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    layers = sorted({int(k.split(".")[3]) for k in state if k.startswith(f"{hf}encoder.layers.")})
+    needed = [*fixed.values(), "text_projection.weight"]
+    for i in layers:
+        layer = f"{hf}encoder.layers.{i}."
+        needed += [f"{layer}{name}.{p}" for name in (*per_layer.values(), "self_attn.q_proj", "self_attn.k_proj",
+                                                     "self_attn.v_proj") for p in ("weight", "bias")]
+    missing = [k for k in needed if k not in state]
+    if not layers or missing:
+        raise ValueError(f"{source} is not a transformers CLIPModel state dict with a text tower: missing "
+                         f"{(missing or ['text_model.encoder.layers.*'])[:3]}")
+    out = {ours: state[theirs] for ours, theirs in fixed.items()}
+    out["text_projection"] = state["text_projection.weight"].T.contiguous()
+    for i in layers:
+        layer, block = f"{hf}encoder.layers.{i}.", f"transformer.resblocks.{i}."
+        for ours, theirs in per_layer.items():
+            for p in ("weight", "bias"):
+                out[f"{block}{ours}.{p}"] = state[f"{layer}{theirs}.{p}"]
+        for p in ("weight", "bias"):
+            out[f"{block}attn.in_proj_{p}"] = torch.cat([state[f"{layer}self_attn.{q}_proj.{p}"] for q in "qkv"])
+    return out
 
 
 def apply_state_dict(clip: torch.nn.Module, path: str | Path) -> list[str]:

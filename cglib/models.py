@@ -13,6 +13,8 @@ The project's own configs are registered with open_clip at import:
 
 With `text_tower: minilm` the text side is the pretrained sentence encoder, mean-pooled with no projection, so
 its embeddings equal sentence-transformers' all-MiniLM-L6-v2 exactly (and can be computed once when frozen).
+`model.text_projection: identity` adds a 384x384 linear projection after it, initialised to the identity, so a
+text phase can train the projection alone on the frozen tower (`train.text_trains: projection`, the demo).
 
 Activation: OpenAI's CLIP weights were trained with QuickGELU, but open_clip's plain `ViT-B-32` config builds
 nn.GELU (open_clip only warns). `resolve_activation` decides from open_clip's pretrained registry, before any
@@ -29,7 +31,8 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -122,20 +125,28 @@ def resolve_activation(name: str, pretrained: str | None, force: Activation | No
     return ActivationChoice(trained, arch, f"pretrained tag '{pretrained}'")
 
 
-def _minilm_text_cfg() -> dict:
+def _minilm_text_cfg(projection: bool) -> dict:
     path = str(minilm_path())
     return {"hf_model_name": path, "hf_tokenizer_name": path, "hf_pooler_type": "mean_pooler",
-            "hf_proj_type": None, "context_length": 64}
+            "hf_proj_type": "linear" if projection else None, "context_length": 64}
 
 
-def _project_config(name: str, text_tower: str, embed_dim: int | None) -> dict:
+def _project_config(name: str, text_tower: str, embed_dim: int | None, text_projection: str = "none") -> dict:
     vision = dict(DEMO_VISION if name == "cglib-demo-vit" else TINY_VISION)
     if name == "cglib-tiny-clip" or text_tower == "open_clip":
         return {"embed_dim": embed_dim or 128, "vision_cfg": vision, "text_cfg": dict(TINY_TEXT)}
-    # The MiniLM tower has no projection, so the joint space is its own 384-d space.
+    # The joint space is MiniLM's own 384-d space, with or without the (square) projection.
     if embed_dim not in (None, MINILM_DIM):
         raise ValueError(f"model.embed_dim must be {MINILM_DIM} (or null) with text_tower: minilm, got {embed_dim}")
-    return {"embed_dim": MINILM_DIM, "vision_cfg": vision, "text_cfg": _minilm_text_cfg()}
+    return {"embed_dim": MINILM_DIM, "vision_cfg": vision,
+            "text_cfg": _minilm_text_cfg(projection=text_projection == "identity")}
+
+
+def _identity_text_projection(model: torch.nn.Module) -> None:
+    """Start the MiniLM tower's linear projection at the identity: the tower's embeddings are unchanged until it
+    trains (open_clip initialises it at random, which would scramble the pretrained sentence space)."""
+    with torch.no_grad():
+        model.text.proj.weight.copy_(torch.eye(model.text.proj.weight.shape[0]))
 
 
 def _register(name: str, config: dict) -> str:
@@ -193,6 +204,15 @@ class ClipModel:
         names = ("token_embedding", "transformer", "ln_final", "text_projection", "positional_embedding")
         return [p for n, p in m.named_parameters() if n.split(".")[0] in names]
 
+
+    def text_projection(self) -> torch.nn.Linear:
+        """The linear projection after the MiniLM tower (model.text_projection: identity)."""
+        proj = getattr(getattr(self.model, "text", None), "proj", None)
+        if not isinstance(proj, torch.nn.Linear):  # a params problem (no projection configured), not a type error
+            raise ValueError(  # noqa: TRY004
+                "this model's text tower has no separate projection to train alone; set "
+                "model.text_tower: minilm and model.text_projection: identity, or train.text_trains: tower")
+        return proj
 
     def set_text_trainable(self, trainable: bool) -> None:
         """Freeze (False) or unfreeze (True) the text tower."""
@@ -309,7 +329,8 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
                              f"set model.text_tower: open_clip for {params.name}")
     choice = resolve_activation(params.name, params.pretrained, params.force_activation)  # before any download
     if params.name in CGLIB_CONFIGS:
-        arch = _register(params.name, _project_config(params.name, params.text_tower, params.embed_dim))
+        arch = _register(params.name, _project_config(params.name, params.text_tower, params.embed_dim,
+                                                      params.text_projection))
     else:
         arch = choice.arch
     kwargs: dict[str, Any] = {"force_quick_gelu": choice.force_quick_gelu}
@@ -325,6 +346,8 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
                                        **kwargs)
     finally:
         logging.getLogger().removeFilter(quiet)
+    if params.text_projection == "identity":
+        _identity_text_projection(model)
     if params.checkpoint is not None:
         load_weights(model, params.checkpoint)
     cfg = open_clip.get_model_preprocess_cfg(model)
@@ -501,9 +524,22 @@ def tokenize(bundle: ClipModel, texts: Sequence[str]) -> torch.Tensor:
     return tokens
 
 
+@contextmanager
+def without_text_projection(bundle: ClipModel) -> Iterator[None]:
+    """Inside the block the text tower stops before its projection: `encode_texts(..., normalize=False)` then gives
+    the frozen tower's outputs, which a text phase that trains the projection alone computes once."""
+    text, proj = bundle.model.text, bundle.text_projection()
+    text.proj = torch.nn.Identity()
+    try:
+        yield
+    finally:
+        text.proj = proj
+
+
 @torch.no_grad()
-def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
-    """L2-normalised text embeddings (float32, (n, D)), in eval mode.
+def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256, normalize: bool = True
+                 ) -> np.ndarray:
+    """Text embeddings (float32, (n, D)), L2-normalised unless `normalize=False`, in eval mode.
 
     Hugging Face towers (the MiniLM) mask padding, and open_clip's HF tokenizer pads every text to the context
     length: texts are batched by length and columns that are padding in the whole batch are dropped (about 4x
@@ -519,6 +555,6 @@ def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256)
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
         tokens = tokenize(bundle, [texts[i] for i in rows])
-        out[rows] = bundle.model.encode_text(tokens.to(bundle.device), normalize=True).float().cpu().numpy()
+        out[rows] = bundle.model.encode_text(tokens.to(bundle.device), normalize=normalize).float().cpu().numpy()
     bundle.model.train(was_training)
     return out

@@ -42,8 +42,15 @@ def test_demo_series_runs_end_to_end(tmp_path):
     base = json.loads((out / "training/initial.json").read_text())["base"]  # the zero-shot row is the base
     assert base["corpus"] == "synthetic" and base["captions_naming_a_concept"] == 0
     assert base["epoch_losses"][-1] < base["epoch_losses"][0]
-    for run_spec in params["train"]["runs"]:
+    table3 = (out / "evaluation/table3.md").read_text()
+    for run_spec in params["train"]["runs"]:  # every kind of Table 3 row: RE, init, pretraining, the three losses
         assert (out / "training" / run_spec["name"] / "final.safetensors").is_file()
+        assert f"| {run_spec['name']}" in table3, run_spec["name"]
+        summary = json.loads((out / "training" / run_spec["name"] / "summary.json").read_text())
+        text_phase = run_spec.get("loss") == "re" or run_spec.get("pretrain", "none") != "none"
+        assert summary["text_phase_trained"] == ("projection" if text_phase else None), run_spec["name"]
+    assert {"re", "clip", "pairwise", "centroid"} <= {r["loss"] for r in params["train"]["runs"]}
+    assert any(r.get("init") for r in params["train"]["runs"]) and any(r.get("pretrain") for r in params["train"]["runs"])
     figures = list((out / "figures").glob("*.png"))
     assert len(figures) >= 8 and all(f.with_suffix(".pdf").is_file() for f in figures)
 

@@ -20,7 +20,7 @@ from cglib.train.checkpoint import FINAL, INITIAL, RunFiles, spec_hash, text_key
 from cglib.train.distributed import DistInfo
 from cglib.train.inputs import run_entry, run_spec
 from cglib.train.loop import load_inputs
-from cglib.train.re_run import REBatchSampler, re_embed, re_items
+from cglib.train.re_run import REBatchSampler, re_items, re_texts
 
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
 TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 1e-3, "warmup_steps": 2,
@@ -89,7 +89,9 @@ def test_root_is_recomputed_and_receives_gradient(tmp_path):
     bundle = files.fresh_model()
     bundle.set_text_trainable(True)
     batch = REBatchSampler(items, 4, seed=0).batch(0, 0)
-    root, pos, neg = re_embed(Towers(bundle.model), bundle, batch)
+    b, k = len(batch), len(batch[0].positives)
+    _, text = Towers(bundle.model)(None, bundle.tokenizer(re_texts(batch)))
+    root, pos, neg = text[-1], text[:b * k].reshape(b, k, -1), text[b * k:].narrow(0, 0, b * k).reshape(b, k, -1)
     alone = bundle.model.encode_text(bundle.tokenizer([""]), normalize=True)[0]
     torch.testing.assert_close(root, alone)
     loss = radial_embedding_loss(root, pos, neg, w_reg=0)

@@ -158,12 +158,12 @@ class ModelLoadError(RuntimeError):
 
 def _zero_shot_info() -> dict:
     return {"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
-            "fine_tuned_on_magic": False, "objective": "none", "init": None}
+            "fine_tuned_on_magic": False, "objective": "none", "init": None, "weights": "base"}
 
 
 def zoo_info(name: str, spec: ModelParams) -> dict:
     """A frozen reference model's entry in results.json `models`: never trained here, in no gain set."""
-    return {**_zero_shot_info(), "name": name, "zoo": True, "spec": spec.model_dump(mode="json")}
+    return {**_zero_shot_info(), "name": name, "zoo": True, "weights": "eval.zoo", "spec": spec.model_dump(mode="json")}
 
 
 def _model_info(run: RunContext) -> list[dict]:
@@ -179,7 +179,8 @@ def _model_info(run: RunContext) -> list[dict]:
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
                       "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT),
-                      "exposure": summary.get("exposure") or []})
+                      "exposure": summary.get("exposure") or [],
+                      "weights": (summary.get("weights_source") or {}).get("kind", "trained here")})
     return infos + [zoo_info(z.name, z.model) for z in run.params.eval.zoo]
 
 

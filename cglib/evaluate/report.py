@@ -304,6 +304,11 @@ def table3_notes(info: dict) -> list[str]:
         if overlap["train"]:
             notes.append(f"{overlap['train']} of the HierarCaps images are in this run's MAGIC train split: the "
                          "trained models saw them (and their COCO captions) in training; compare with care.")
+    for m in info["models"]:  # the HierarCaps rows say whose RE weights they are
+        if m.get("objective") == "re":
+            notes.append(f"{m['name']}: HierarCaps' RE alignment, "
+                         + ("the authors' released weights (train.runs released)." if m.get("weights") == "released"
+                            else "trained here (no released weights given or present)."))
     zoo = [m for m in info["models"] if m.get("zoo")]
     if zoo:
         notes.append("Zoo (frozen reference models, eval.zoo; not trained in this run, in no gain set): "

@@ -114,9 +114,10 @@ class RunFiles:
         self.out = self.base / name
         self.ckpt_dir = self.out / "checkpoints"
         entry = next(r for r in run.params.train.runs if r.name == name)
-        self.re = entry.loss == "re"  # the HierarCaps RE objective: the text tower alone trains, the image tower is frozen
-        # the text tower is frozen for the whole run unless it trains here (re) or in textual pretraining
-        self.text_frozen = run.params.model.freeze_text and entry.pretrain == "none" and not self.re
+        self.re = entry.loss == "re"  # the HierarCaps RE objective: the text side alone trains, the image tower is frozen
+        self.text_phase = self.re or entry.pretrain != "none"
+        self.freeze_text = run.params.model.freeze_text
+        self.projection_only = run.params.train.text_trains == "projection"  # a text phase trains the projection only
         # the starting weights, relative to training/: the initial (zero-shot) ones or the final ones of run `init`
         self.start = Path(INITIAL) if entry.init is None else Path(entry.init) / FINAL
 
@@ -129,12 +130,19 @@ class RunFiles:
         if not start.is_file():
             raise FileNotFoundError(f"{start} not found: train run {self.start.parts[0]!r} (this run's init) first")
         load_weights(bundle.model, start)
-        text = text_keys(bundle.model)
-        if self.re:  # the image tower (and the unused logit scale) is frozen: referenced, not copied
-            self.frozen = sorted(set(bundle.model.state_dict()) - set(text))
-        else:
-            self.frozen = text if self.text_frozen else []
+        self.frozen = self._frozen_keys(list(bundle.model.state_dict()), text_keys(bundle.model))
         return bundle
+
+    def _frozen_keys(self, keys: list[str], text: list[str]) -> list[str]:
+        """Keys no phase of the run trains: referenced in its weights files, not copied."""
+        phase_text = [k for k in text if k.startswith("text.proj.")] if self.projection_only else text
+        if self.re:  # the image tower (and the unused logit scale) is frozen
+            trained = phase_text
+        elif not self.freeze_text:
+            trained = keys
+        else:  # image-text phase: the image side; textual pretraining: also what it trains of the text side
+            trained = [k for k in keys if k not in set(text)] + (phase_text if self.text_phase else [])
+        return sorted(set(keys) - set(trained))
 
     def trained_state(self, bundle: Any) -> dict[str, torch.Tensor]:
         """The tensors a checkpoint holds: every key but those of a tower frozen for the whole run."""

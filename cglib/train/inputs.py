@@ -80,6 +80,8 @@ def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
     spec = entry.model_dump(mode="json")
     if entry.init is None:
         del spec["init"]
+    if entry.released is None:
+        del spec["released"]
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights"}
@@ -90,6 +92,10 @@ def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
 
         out["re_file"] = file_digest(params.data.hierarcaps_train_csv, "sha1") if params.data.hierarcaps_train_csv \
             and params.data.hierarcaps_train_csv.is_file() else None
+    if entry.released is not None:  # the file appearing (or changing) replaces the trained row
+        from cglib.data.download import file_digest
+
+        out["released_file"] = file_digest(entry.released, "sha1") if entry.released.is_file() else None
     if entry.init is not None:
         out["init"] = run_spec(params, run_entry(params, entry.init))
     return out

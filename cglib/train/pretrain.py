@@ -108,6 +108,10 @@ class TextPairSampler:
         captions = [self.sources[t][int(rng.integers(len(self.sources[t])))] for t in targets]
         return captions, targets
 
+    def all_texts(self) -> list[str]:
+        """Every text a batch can hold: the targets and their source captions."""
+        return sorted({*self.targets, *(c for t in self.targets for c in self.sources[t])})
+
     def describe(self) -> dict:
         """Counts for the run summary."""
         over = sum(max(0, len(t) - len(self)) for t in self.owners.values())

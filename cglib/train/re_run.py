@@ -1,7 +1,8 @@
 """The HierarCaps baseline as a `train.runs` entry (`loss: re`): Radial Embedding alignment of the text tower.
 
-A run with `loss: re` trains the text tower and its projection only (the image tower and the logit scale are
-frozen and referenced in its weights file) with `cglib.radial.radial_embedding_loss` on RE items
+A run with `loss: re` trains the text side only (the image tower and the logit scale are frozen and referenced
+in its weights file): the text tower and its projection, or with `train.text_trains: projection` the projection
+alone on precomputed outputs of the frozen tower (`text_phase.py`; the demo) with `cglib.radial.radial_embedding_loss` on RE items
 (`cglib.data.hierarcaps_train`): `train.re_data: magic` builds them from this run's MAGIC train split (an image's
 concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "train", run.seed)`; a single
 top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,6 @@ import torch
 from cglib.config import Params
 from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train, re_items_from_magic
 from cglib.magic.schema import MagicFile
-from cglib.models import ClipModel, tokenize
 from cglib.radial import radial_embedding_loss
 
 LOSS_PARTS = ("mean", "minimax", "reg", "angle_pos", "angle_neg")  # logged as re_<part> in log.csv
@@ -91,21 +92,22 @@ class REBatchSampler:
         return {"batch_size": self.batch_size, "batches_per_epoch": len(self), "distinct_texts": len(self.all_texts())}
 
 
-def re_embed(module: torch.nn.Module, bundle: ClipModel, batch: list[REItem]
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(root (L,), positives (B, K, L), negatives (B, K, L)) by the trainable text tower; root = embedding of ""."""
-    b, k = len(batch), len(batch[0].positives)
-    texts = [t for item in batch for t in item.positives] + [t for item in batch for t in item.negatives] + [""]
-    _, text = module(None, tokenize(bundle, texts).to(bundle.device))
-    return text[-1], text[:b * k].reshape(b, k, -1), text[b * k:2 * b * k].reshape(b, k, -1)
+def re_texts(batch: list[REItem]) -> list[str]:
+    """The texts one step embeds: every positive, then every negative, then "" (the root r)."""
+    return [t for item in batch for t in item.positives] + [t for item in batch for t in item.negatives] + [""]
 
 
-def re_step_loss(module: torch.nn.Module, bundle: ClipModel, batch: list[REItem], frozen: torch.Tensor,
+def re_step_loss(embed: Callable[[list[str]], torch.Tensor], batch: list[REItem], frozen: torch.Tensor,
                  rows: dict[str, int], weights: dict[str, float]) -> dict[str, torch.Tensor]:
-    """The RE loss of one batch and its parts (mean, minimax, reg, angle_pos, angle_neg)."""
-    root, positives, negatives = re_embed(module, bundle, batch)
+    """The RE loss of one batch and its parts (mean, minimax, reg, angle_pos, angle_neg).
+
+    `embed` maps texts to unit-norm embeddings by the trainable text side (the tower, or the projection of
+    precomputed tower outputs); `frozen[rows[text]]` is the starting tower's embedding of a text.
+    """
+    b, k = len(batch), len(batch[0].positives)
+    text = embed(re_texts(batch))
+    root, positives, negatives = text[-1], text[:b * k].reshape(b, k, -1), text[b * k:2 * b * k].reshape(b, k, -1)
     index = torch.tensor([[rows[t] for t in item.positives] for item in batch] +
                          [[rows[t] for t in item.negatives] for item in batch], device=frozen.device)
     star = frozen[index]
-    b = len(batch)
     return radial_embedding_loss(root, positives, negatives, star[:b], star[b:], return_parts=True, **weights)

@@ -19,12 +19,17 @@ ZERO_SHOT = "zero-shot"  # the initial weights' name in results (loop.ZERO_SHOT)
 MOSTLY_STILL = 0.5  # below this fraction of changed parameters a trained tower "did not move"
 
 
-def weights_moved(model: torch.nn.Module, initial: dict[str, torch.Tensor], trained: dict[str, bool]
-                  ) -> dict[str, dict[str, Any]]:
-    """Per tower (image, text): fraction of parameter entries changed at all and ||w - w0|| / ||w0||."""
+def weights_moved(model: torch.nn.Module, initial: dict[str, torch.Tensor], trained: dict[str, bool],
+                  text_projection_only: bool = False) -> dict[str, dict[str, Any]]:
+    """Per tower (image, text): fraction of parameter entries changed at all and ||w - w0|| / ||w0||.
+
+    With `text_projection_only` (train.text_trains: projection) the text entry covers the projection alone, the
+    part that trained: the frozen tower would otherwise make it look as if the text side never moved.
+    """
     params = dict(model.named_parameters())
     text = set(text_keys(model))
-    towers = {"image": [k for k in params if k.startswith("visual.")], "text": [k for k in params if k in text]}
+    towers = {"image": [k for k in params if k.startswith("visual.")],
+              "text": [k for k in params if k in text and (not text_projection_only or k.startswith("text.proj."))]}
     out = {}
     for tower, keys in towers.items():
         changed = total = 0
@@ -76,7 +81,7 @@ def finish(trainer: Trainer) -> dict[str, Any]:
     """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
     s, entry, t, files = trainer.state, trainer.entry, trainer.t, trainer.files
     re = entry.loss == "re"
-    trained = {"image": not re, "text": not files.text_frozen}
+    trained = {"image": not re, "text": files.text_phase or not files.freeze_text}
     exposed = exposure(trainer.params, entry)
     summary = {
         "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
@@ -84,6 +89,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
         "re_training": trainer.re_info,
+        # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
+        "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
         "epoch_kind": "re items" if re else t.epoch, "epochs": t.re_epochs if re else t.epochs,
         "steps_per_epoch": (trainer.sampler_info or {}).get("optimizer_steps_per_epoch"),
@@ -98,7 +105,11 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "fallback_batches": s.fallback_batches, "repeated_images": s.repeated_images,
         "sampler": trainer.sampler_info, "pretraining": trainer.pretrain_info,
         "text_frozen": trainer.params.model.freeze_text and not re, "precomputed_texts": trainer.n_precomputed,
-        "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained),
+        # what the text phase (pretraining, re) trained: the whole tower, or the projection on the frozen tower
+        "text_phase_trained": t.text_trains if files.text_phase else None,
+        "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained,
+                                       text_projection_only=files.text_phase and files.projection_only
+                                       and files.freeze_text),
         "tau_note": "fixed train.tau / tau_inner; model.logit_scale frozen and unused",
         "image_cache": {"size": trainer.inputs.cache.size, "images": len(trainer.inputs.cache),
                         "skipped": dict(trainer.inputs.cache.skipped)},

@@ -20,7 +20,7 @@ import torch
 from cglib import losses
 from cglib.config import TrainRunParams
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
-from cglib.models import ClipModel, Towers, encode_texts
+from cglib.models import ClipModel, Towers, encode_texts, tokenize
 from cglib.run import RunContext, seed_everything
 from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.checkpoint import Progress, RunFiles
@@ -29,9 +29,11 @@ from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved
 from cglib.train.inputs import TrainInputs, run_spec
 from cglib.train.optim import amp_dtype
 from cglib.train.pretrain import TextPairSampler
+from cglib.train.released import TRAINED_HERE, load_released, released_present
 from cglib.train.runlog import LOG_COLUMNS, RunLog
 from cglib.train.sampler import GroupBatchSampler
 from cglib.train.step import Stepper, group_step_loss, set_trainable, wrap
+from cglib.train.text_phase import ProjectedTexts, text_phase_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class Trainer:
         self.pretrain_info: dict[str, Any] | None = None
         self.n_precomputed = 0
         self.re_info: dict[str, Any] | None = None
+        self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
 
     def _mark(self, stepper: Stepper | None) -> None:
         """Remember the position after a completed optimizer step (cheap: counters and RNG, no weights)."""
@@ -102,7 +105,9 @@ class Trainer:
         self.clock = lambda: time.perf_counter() - started
         try:
             with checkpoint_on_signals():
-                if self.state.phase == "re":
+                if self.state.phase == "re" and released_present(self.entry):
+                    self.weights_source = load_released(self.bundle, self.entry)
+                elif self.state.phase == "re":
                     self._re(ckpt)
                 else:
                     if self.state.phase == "pretrain":
@@ -176,27 +181,33 @@ class Trainer:
         self.pretrain_info = sampler.describe()
         total = self.t.pretrain_epochs * len(sampler)
         if total:
-            set_trainable(self.bundle, image=False, text=True)
+            projected = text_phase_trainable(self.bundle, self.t.text_trains, sampler.all_texts(),
+                                             self.info.world_size)
+            if projected is not None:
+                self.pretrain_info["tower_outputs_precomputed"] = len(projected)
             self.bundle.model.train()
             module = wrap(Towers(self.bundle.model), self.info)
             stepper = self._stepper(module, self.t.pretrain_lr, total, "pretrain", ckpt)
-            self._announce("text pretraining", len(sampler), self.t.pretrain_epochs, "distinct targets")
-            self._pretrain_epochs(sampler, module, stepper, total)
+            self._announce(f"text pretraining (text {self.t.text_trains})", len(sampler), self.t.pretrain_epochs,
+                           "distinct targets")
+            self._pretrain_epochs(sampler, module, stepper, total, projected)
         s = self.state
         s.pretrain_steps, s.phase, s.epoch, s.batch, s.step = s.step, "train", 0, 0, 0
         self._mark(None)
         self._save_boundary()
 
     def _pretrain_epochs(self, sampler: TextPairSampler, module: torch.nn.Module, stepper: Stepper,
-                         total: int) -> None:
+                         total: int, projected: ProjectedTexts | None) -> None:
         per = sampler.batch_size // self.info.world_size
         part = slice(self.info.rank * per, (self.info.rank + 1) * per)
         tau = self.spec["run"]["tau"]
 
         def loss_fn(pair: tuple[list[str], list[str]]) -> dict[str, torch.Tensor]:
             captions, targets = pair
-            tokens = self.bundle.tokenizer(captions[part] + targets[part]).to(self.device)
-            _, text = module(None, tokens)
+            if projected is not None:
+                text = projected(captions[part] + targets[part])
+            else:
+                _, text = module(None, self.bundle.tokenizer(captions[part] + targets[part]).to(self.device))
             return {"loss": losses.text_alignment_loss(text[:per], text[per:], tau=tau)}
 
         def advance(result: dict[str, float]) -> None:
@@ -244,18 +255,23 @@ class Trainer:
         frozen = torch.from_numpy(encode_texts(original, texts)).to(self.device)
         rows = {text: k for k, text in enumerate(texts)}
         self.n_precomputed = len(texts)
-        set_trainable(self.bundle, image=False, text=True)
+        projected = text_phase_trainable(self.bundle, t.text_trains, [*texts, ""], self.info.world_size)
         # eval mode: no dropout, as in HierarCaps' CLIP (whose towers have none); with a dropout tower (MiniLM:
         # 0.1) train mode would make the regularizer compare noisy embeddings with clean ones (reg > 0 at step 1)
         self.bundle.model.eval()
         module = wrap(Towers(self.bundle.model), self.info)
         stepper = self._stepper(module, t.re_lr, total, "re", ckpt)
-        self._announce("RE alignment (text tower)", per_epoch, t.re_epochs,
+        self._announce(f"RE alignment (text {t.text_trains})", per_epoch, t.re_epochs,
                        f"train.re_data: {t.re_data}, {len(items)} items, batch {sampler.batch_size}")
         weights = {"w_mean": t.re_w_mean, "w_minimax": t.re_w_minimax, "w_reg": t.re_w_reg}
 
+        def embed(texts: list[str]) -> torch.Tensor:
+            if projected is not None:
+                return projected(texts)
+            return module(None, tokenize(self.bundle, texts).to(self.device))[1]
+
         def loss_fn(batch: list) -> dict[str, torch.Tensor]:
-            return re_step_loss(module, self.bundle, batch, frozen, rows, weights)
+            return re_step_loss(embed, batch, frozen, rows, weights)
 
         def advance(result: dict[str, float]) -> None:
             s = self.state
