@@ -176,10 +176,12 @@ def test_real_image_export_references_files_and_counts_missing_ones(tmp_path):
 
 
 def _series_params(run_dir: Path, path: Path, **magic) -> Path:
-    """The shared run's params, shrunk further for training (one run, one base epoch), as a params file."""
+    """The shared run's params, shrunk further for training (the tiny ViT, no base, one CLIP run) as a params file:
+    what must agree is the data both runs train and evaluate on, not how good the model is."""
     params = yaml.safe_load((run_dir / "params.yaml").read_text())
+    params["model"].update(name="cglib-tiny-vit", text_tower="minilm", freeze_text=True)
     params["train"]["runs"] = [{"name": "clip", "loss": "clip"}]
-    params["train"]["base"]["epochs"] = 1
+    params["train"]["base"]["corpus"] = "none"
     params["eval"]["bootstrap"] = 20
     params["magic"].update(magic)
     path.parent.mkdir(parents=True, exist_ok=True)
