@@ -145,7 +145,8 @@ def _cglib_version() -> str | None:
 def card_metadata(magic: MagicFile, source: str, world: dict | None, row_counts: dict[str, int]) -> dict:
     """The YAML header of the dataset card: Hub metadata, the `configs` that `load_dataset` reads, and the
     `cglib_magic` block that `cglib.magic.hf_import` reads (format, schema, provenance, parameters, Table 1)."""
-    prov = magic.provenance
+    # an imported MAGIC keeps its builder's provenance inside its own: the card credits the build, not the import
+    prov = magic.provenance.get("export_provenance") or magic.provenance
     params = prov.get("params") or {}
     llm, magic_params = params.get("llm") or {}, params.get("magic") or {}
     keep_llm = ("backend", "model", "base_url", "prompt_version", "generalize_image_prompt_version", "temperature",
