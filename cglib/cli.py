@@ -221,6 +221,23 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_magic(args: argparse.Namespace) -> int:
+    from cglib.magic.hf_export import card_head, export_magic
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "params.yaml").is_file():
+        print(f"error: {run_dir} is not a run directory (no params.yaml); pass outputs/<run>", file=sys.stderr)
+        return 2
+    try:
+        card = export_magic(run_dir, Path(args.dest))
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"MAGIC exported to {card.parent} (load it with datasets.load_dataset({str(card.parent)!r}))")
+    print(card_head(card, lines=6))
+    return 0
+
+
 def _download(args: argparse.Namespace) -> int:
     from cglib.data.download import download_named
 
@@ -319,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check-paths", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_search)
+
+    p = sub.add_parser("export-magic", help="write a run's MAGIC in the Hugging Face datasets layout (Parquet "
+                       "splits, a nodes table, a dataset card) for datasets.load_dataset or the Hub; exit 0 ok, 2 not "
+                       "a run folder or a bad magic.json")
+    p.add_argument("run_dir", help="a run folder with magic/magic.json (notebook 03 has run)")
+    p.add_argument("dest", help="the export folder (new or an earlier export)")
+    p.set_defaults(func=_export_magic)
 
     from cglib.data.download import NAMED_DOWNLOADS
 

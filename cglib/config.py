@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# a Hugging Face Hub repository id, owner/name (magic.source)
+HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class ParamsError(ValueError):
@@ -159,6 +163,11 @@ class MagicParams(Section):
         "image", description="LLM_gen granularity: image = one request per image (its captions, l1 concept and "
         "ancestors -> its own generalized captions; paper Sec. 3.1 step 5 and the authors' code); group = "
         "captions pooled per l1 node (Algorithm 1 as printed; the project's first version).")
+    source: str = Field(
+        "build", min_length=1, description="Where MAGIC comes from: build (notebooks 02-03 run the abstraction and "
+        "Algorithm 1), or an export written by `cglib export-magic`: a local folder (relative to the repo root) or a "
+        "Hugging Face dataset id owner/name (downloaded with huggingface_hub); notebooks 02-03 then check and show it "
+        "instead of calling an LLM.")
     generalize_from: Literal["train", "all"] = Field(
         "train", description="Captions sent to LLM_gen: train (a node's training images; held-out concepts use all) "
         "or all (the paper's code: every image, test images included).")
@@ -690,6 +699,14 @@ def _check_paths(params: Params, root: Path) -> list[str]:
     if params.model.hf_state_dict is not None:
         needed.append(("model.hf_state_dict", params.model.hf_state_dict))
     errors = []
+    source = params.magic.source
+    if source != "build":
+        local = Path(source).expanduser()
+        local = local if local.is_absolute() else root / local
+        if not local.is_dir() and not re.match(HUB_ID_PATTERN, source):
+            errors.append(f"magic.source: {local} is not a folder and {source!r} is not a Hugging Face dataset id "
+                          "(owner/name); point it at a folder written by `cglib export-magic` or a Hub id, or set "
+                          "build")
     for key, path in needed:
         if path is None:
             errors.append(f"{key}: required by this profile but not set; set it to an existing path")
@@ -723,6 +740,9 @@ def resolve_paths(params: Params, root: Path) -> Params:
     for run in data["train"]["runs"]:
         if run["released"] is not None and not Path(run["released"]).is_absolute():
             run["released"] = root / run["released"]
+    source = data["magic"]["source"]
+    if source != "build" and not Path(source).is_absolute() and (root / source).is_dir():
+        data["magic"]["source"] = str(root / source)  # an export folder relative to the repo root
     if not Path(data["run"]["output_dir"]).is_absolute():
         data["run"]["output_dir"] = root / data["run"]["output_dir"]
     return Params.model_validate(data)

@@ -7,7 +7,7 @@ Layout of `outputs/<run>/` (one folder per stage, so any notebook can re-run alo
     notebooks/               executed notebooks
     captions/                dataset.json (+ images.npy for the synthetic world), ground_truth.json (synthetic only)
     abstraction/             chains.jsonl, cache.sqlite, summary.json
-    magic/                   magic.json, magic.graphml, stats.json
+    magic/                   magic.json, magic.graphml, stats.json, hf_dataset/ (the export of `cglib export-magic`)
     cache/images/            decoded uint8 image cache at the model's input size (training, evaluation, viz)
     training/                initial.safetensors (zero-shot weights: the base); <model>/ final.safetensors, log.csv,
                              summary.json, checkpoints/, tensorboard/

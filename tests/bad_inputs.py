@@ -31,7 +31,7 @@ class BadInput:
     exit_code: int  # of `cglib validate` / `cglib run` (1: the notebook that reads the file stops)
     message: str  # must appear in what the user sees
     make: Callable[[Path], Path]  # writes the bad file under a folder and returns its path
-    reader: str  # params | magic | chains | cache
+    reader: str  # params | magic | chains | cache | export
 
 
 def _text(name: str, text: str) -> Callable[[Path], Path]:
@@ -72,6 +72,58 @@ def _damaged_cache(folder: Path) -> Path:
     return path
 
 
+def _tiny_export(folder: Path) -> Path:
+    """A sound MAGIC export of the tests' tiny hand-built dataset (images written as files), in folder/export."""
+    from PIL import Image
+
+    from cglib.data.dataset import CaptionDataset
+    from cglib.magic.hf_export import export_magic
+    from cglib.magic.schema import save_magic
+    from tests.factories import tiny_magic
+
+    magic, dataset = tiny_magic(per_group=4)
+    run = folder / "run"
+    (run / "images").mkdir(parents=True, exist_ok=True)
+    files = {}
+    for row, image_id in enumerate(dataset.image_ids):
+        files[image_id] = run / "images" / f"{image_id}.png"
+        Image.fromarray(dataset.pixels[row]).save(files[image_id])
+    CaptionDataset(source="coco", image_ids=dataset.image_ids, captions=dataset.captions, image_files=files,
+                   meta={"image_dir": str(run / "images")}).save(run / "captions")
+    save_magic(magic, run / "magic" / "magic.json")
+    (run / "params.yaml").write_text("{}\n")
+    export_magic(run, folder / "export")
+    return folder / "export"
+
+
+def _damaged_export(damage: str) -> Callable[[Path], Path]:
+    """An export with one damage; returns the file the reader must name."""
+    def make(folder: Path) -> Path:
+        import pyarrow.parquet as pq
+
+        from cglib.magic.hf_export import CARD_FILE, NODES_FILE, SPLIT_FILES
+
+        export = _tiny_export(folder)
+        if damage == "missing split":
+            (export / SPLIT_FILES["test"]).unlink()
+            return export / SPLIT_FILES["test"]
+        if damage == "undefined node":  # the nodes table loses an l2 node that image rows name
+            table = pq.read_table(export / NODES_FILE)
+            rows = [r for r in table.to_pylist() if r["id"] != "l2:sport"]
+            pq.write_table(table.from_pylist(rows, schema=table.schema), export / NODES_FILE)
+            return export / SPLIT_FILES["train"]
+        if damage == "not parquet":
+            (export / NODES_FILE).write_bytes(PNG)
+            return export / NODES_FILE
+        card = export / CARD_FILE
+        card.write_text(card.read_text(encoding="utf-8").replace("magic_schema_version: 2", "magic_schema_version: 9"),
+                        encoding="utf-8")
+        return card
+    return make
+
+
+EXPORT = "MAGIC export (`magic.source`)"
+
 CASES: list[BadInput] = [
     BadInput(PARAMS, "file does not exist", 2, "params file not found", _absent("p.yaml"), "params"),
     BadInput(PARAMS, "binary file (an image passed by mistake)", 2, "is not a text file",
@@ -106,6 +158,14 @@ CASES: list[BadInput] = [
              _bytes("chains.jsonl", PNG), "chains"),
     BadInput("`chains.jsonl`", "a broken line", 1, "chains.jsonl:2 is not valid JSON",
              _text("chains.jsonl", '{"image_id": "a", "status": "ok", "chain": ["x"]}\n{"image_id": \n'), "chains"),
+    BadInput(EXPORT, "a split file missing", 1, "is missing: the export is incomplete",
+             _damaged_export("missing split"), "export"),
+    BadInput(EXPORT, "a node id referenced but not defined", 1, "which nodes/nodes-00000-of-00001.parquet does not "
+             "define", _damaged_export("undefined node"), "export"),
+    BadInput(EXPORT, "a table that is not Parquet", 1, "is not a readable Parquet file",
+             _damaged_export("not parquet"), "export"),
+    BadInput(EXPORT, "a magic.json schema version this cglib does not know", 1,
+             "magic_schema_version 9 is unknown to this cglib", _damaged_export("schema version"), "export"),
     BadInput("`cache.sqlite`", "not a database", 0, "is corrupted (file is not a database); it was moved to",
              _bytes("cache.sqlite", PNG), "cache"),
     BadInput("`cache.sqlite`", "damaged pages", 0, "is corrupted (integrity check failed", _damaged_cache, "cache"),
@@ -129,6 +189,14 @@ def run_case(case: BadInput, folder: Path) -> tuple[int, str]:
             warnings.simplefilter("always")
             ResultCache(path).close()
         return 0, "\n".join(str(w.message) for w in caught if issubclass(w.category, CacheRebuiltWarning))
+    if case.reader == "export":
+        from cglib.magic.hf_import import read_export
+
+        try:
+            read_export(folder / "export")
+        except ValueError as exc:  # notebook 01 (and 02, 03) stops with this message: `cglib run` exits 1
+            return 1, str(exc)
+        return 0, ""
     from cglib.llm.engine import load_chains
     from cglib.magic.schema import load_magic
 

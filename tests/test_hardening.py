@@ -26,7 +26,7 @@ def test_bad_input_gives_its_exit_code_and_message(case, tmp_path: Path, monkeyp
     assert code == case.exit_code, message
     assert case.message in message
     assert "Traceback" not in message and "UnicodeDecodeError" not in message
-    if case.reader in ("params", "magic", "chains"):
+    if case.reader in ("params", "magic", "chains", "export"):
         assert case.make(tmp_path).name in message  # the file is named
     if case.reader == "params":  # `cglib run` stops the same way, before creating anything
         monkeypatch.chdir(tmp_path)

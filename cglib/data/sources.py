@@ -17,7 +17,12 @@ def synthetic_world(params: Params, seed: int, images_per_concept: int | None = 
 
 
 def load_captions(params: Params) -> tuple[CaptionDataset, dict[str, list[str]] | None]:
-    """The dataset of `params.data.source` and its ground-truth chains (synthetic world only, else None)."""
+    """The dataset of `params.data.source` and its ground-truth chains (synthetic world only, else None); with
+    `magic.source` an export, the export's images and captions (see cglib.magic.hf_import)."""
+    if params.magic.source != "build":
+        from cglib.magic.hf_import import captions_from_export
+
+        return captions_from_export(params)
     d = params.data
     if d.source == "synthetic":
         world = synthetic_world(params, params.run.seed)
