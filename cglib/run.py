@@ -155,9 +155,10 @@ def provenance(params: Params | None = None, **extra: Any) -> dict[str, Any]:
 
 
 def write_json(path: Path, obj: Any) -> Path:
-    """Write JSON atomically (temp file then rename), so an interrupted run never leaves half a file."""
+    """Write JSON atomically (temp file then rename), so an interrupted run never leaves half a file; the temp
+    name carries the process id, so two processes writing the same file (search workers) never share one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str, ensure_ascii=False), encoding="utf-8")
     tmp.replace(path)
     return path
