@@ -155,7 +155,12 @@ def test_table3_headers_state_protocol_and_chance_and_the_zero_shot_section_adju
     assert "6 cells compared with the zero-shot model" in md and "Holm's correction over the 6 cells" in md
     assert "| pairwise | +10.0 [0.5, 20.0] * |" in md  # 0.001 * 6 = 0.006: survives
     assert "| clip | +5.0 [0.5, 10.0] |" in md  # 0.02 * 5 = 0.1: does not
-    assert report.seeds_phrase(info["settings"]).startswith("the 3 training seeds [0, 1, 2]")
+    assert report.seeds_phrase(info["settings"]) == "3 training seeds [0, 1, 2]"
+    notes = report.table3_notes({**info, "hierarcaps": None, "models": [],
+                                 "items": {"n_test_images": 10, "n_groups": 2, "ground_truth": False}})
+    assert notes[0].startswith("Cells: text->image accuracy in %, the mean over 3 training seeds [0, 1, 2]; 95%")
+    assert "resamples of the training seeds, then the test images, one draw shared" in notes[0]
+    assert "M = 2 (chance 50%)" not in notes[0] and "states its protocol" in notes[0]
 
 
 # --------------------------------------------------------------------------------------------- end to end
@@ -204,3 +209,23 @@ def test_two_seed_run_reports_means_over_seeds_with_n_seeds(tmp_path):
     seed0 = seeds[seeds["training_seed"] == "0"].set_index(key)["value"]
     np.testing.assert_allclose(one.set_index(key)["value"].to_numpy(float),
                                seed0.reindex(one.set_index(key).index).to_numpy(float))
+
+
+def test_summary_of_per_model_items_keeps_the_seeds_axis():
+    """Kendall tau drops, per model, the chains whose distances all tie: each model keeps its own items for its
+    interval, and the difference uses the items both kept, under each of the two seeds."""
+    from cglib.evaluate.gallery import MetricScores
+    from cglib.evaluate.pipeline import summarize
+
+    key = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
+    a = Scores(np.array([[0.5, 0.6, 0.7, 0.8], [0.4, 0.6, 0.7, 0.9]]), np.array([0, 1, 2, 3]))
+    b = Scores(np.array([[0.1, 0.2, 0.3], [0.2, 0.2, 0.4]]), np.array([0, 1, 3]))
+    models = [{"name": "a", "exposed_to_eval_strings": False}, {"name": "b", "exposed_to_eval_strings": False}]
+    metrics, diffs = summarize({key: {"a": MetricScores(a, 0.0), "b": MetricScores(b, 0.0)}}, models, 100, 0.95, 0,
+                               {}, {})
+    assert metrics.set_index("model")["n"].to_dict() == {"a": 4, "b": 3}
+    assert (metrics["n_seeds"] == 2).all()
+    row = diffs.iloc[0]
+    assert (row["model_a"], row["n"], row["n_seeds"]) == ("b", 3, 2)
+    shared_a = a.values[:, [0, 1, 3]].mean()
+    assert row["difference"] == pytest.approx(b.values.mean() - shared_a)

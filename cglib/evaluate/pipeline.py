@@ -379,9 +379,10 @@ def _intervals(key: Key, scores: dict[str, Scores], pairs: list[tuple[str, str]]
 
 
 def _at_units(scores: Scores, units: np.ndarray) -> np.ndarray:
-    """Values of the queries of `units` (one query per unit), in the order of `units`."""
+    """Values of the queries of `units` (one query per unit), in the order of `units` (per training seed: the
+    last axis)."""
     position = {int(u): i for i, u in enumerate(scores.units)}
-    return scores.values[[position[int(u)] for u in units]]
+    return scores.values[..., [position[int(u)] for u in units]]
 
 
 def leakage_note(magic) -> str:

@@ -119,12 +119,9 @@ def table3(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def seeds_phrase(settings: dict) -> str:
-    """How many training seeds a number rests on, for notes: 'the 3 training seeds [0, 1, 2] (then)' or ''."""
+    """How many training seeds a number rests on, for notes: '3 training seeds [0, 1, 2]', '1 training seed [0]'."""
     seeds = settings.get("training_seeds") or [0]
-    if len(seeds) == 1:
-        return f"one training seed ({seeds[0]}), resampling"
-    return (f"the {len(seeds)} training seeds {seeds} (mean over seeds; hierarchical: seeds, then images with "
-            "one draw shared by the seeds), resampling")
+    return f"{len(seeds)} training seed{'s' if len(seeds) > 1 else ''} {seeds}"
 
 
 def _fmt(value: float, low: float, high: float, digits: int = 1) -> str:
@@ -383,10 +380,12 @@ def table3_notes(info: dict) -> list[str]:
     """The notes printed under Table 3: how each column was computed, the items, the exposures."""
     s = info["settings"]
     notes = [
-        (f"Cells: text->image accuracy in %, 95% bootstrap CI ({s['bootstrap']} resamples over "
-         + seeds_phrase(s) + " test "
-         f"{'images' if s.get('bootstrap_unit', 'image') == 'image' else 'l1 groups'}) in "
-         f"brackets; negatives sampled with evaluation seeds {s['seeds']}. Each column header states its protocol "
+        (f"Cells: text->image accuracy in %, the mean over {seeds_phrase(s)}; 95% bootstrap CI in brackets "
+         f"({s['bootstrap']} resamples of "
+         + ("the training seeds, then the test " if len(s.get("training_seeds") or [0]) > 1 else "the test ")
+         + f"{'images' if s.get('bootstrap_unit', 'image') == 'image' else 'l1 groups'}"
+         + (", one draw shared by the drawn seeds" if len(s.get("training_seeds") or [0]) > 1 else "")
+         + f"); negatives sampled with evaluation seeds {s['seeds']}. Each column header states its protocol "
          "(M-way forced choice, B-way in-batch) and its chance: what a random-scoring model gets on the same items, "
          "averaged over the sampling seeds (the untrained model is no random scorer: compare with the zero-shot "
          "row, by the paired differences below the table)."),
@@ -458,7 +457,7 @@ GAINS = ("MAGIC", "Loss Function", "Pretraining", "Best Model")
 GAIN_LABEL = "Avg Accuracy Gain w.r.t. {}"
 GAIN_COLUMNS = ["gain", "column", "benchmark", "labels", "direction", "metric", "level", "models_a", "models_b",
                 "mean_a", "mean_b", "difference", "ci_low", "ci_high", "relative", "relative_ci_low",
-                "relative_ci_high", "n", "significant"]
+                "relative_ci_high", "n", "n_seeds", "p_value", "p_holm", "significant"]
 
 
 @dataclass(frozen=True)
@@ -580,8 +579,13 @@ def gain_rows(metrics: pd.DataFrame, scores: dict[tuple[str, ...], dict[str, Sco
                          "mean_b": 100 * float(np.mean([by_model[m].mean() for m in sb])),
                          "difference": 100 * diff.value, "ci_low": 100 * diff.low, "ci_high": 100 * diff.high,
                          "relative": 100 * rel.value, "relative_ci_low": 100 * rel.low,
-                         "relative_ci_high": 100 * rel.high, "n": diff.n_units, "significant": diff.significant})
+                         "relative_ci_high": 100 * rel.high, "n": diff.n_units, "n_seeds": diff.n_seeds,
+                         "p_value": diff.p_value, "significant": diff.significant})
     gains = pd.DataFrame(rows, columns=GAIN_COLUMNS)
+    # every gain cell is one family: significant = the CI excludes 0 and Holm's correction over them keeps it
+    gains["p_holm"] = holm(gains["p_value"].to_numpy(float))
+    survives = gains["p_holm"].le(1 - ci) | gains["p_value"].isna()
+    gains["significant"] = gains["significant"].astype(bool) & survives
     return gains, gain_notes(gains, sets, roles, resamples, ci)
 
 
@@ -599,7 +603,10 @@ def gain_notes(gains: pd.DataFrame, sets: dict[str, tuple[list[str], list[str], 
             "Best Model": "the best row, the highest mean over the Table 3 columns, minus the zero-shot model"}
     notes = [(f"Gain rows: mean of the first set of models minus mean of the second, in points; in parentheses "
               f"relative to the second set's mean (%); {100 * ci:.0f}% paired bootstrap CI over the test images "
-              f"({resamples} resamples, both sets resampled together); * marks a CI that excludes 0.")]
+              f"({resamples} resamples, both sets resampled together"
+              + (f"; hierarchical over the {int(gains['n_seeds'].max())} training seeds, seed k of every model "
+                 "together" if len(gains) and gains["n_seeds"].max() > 1 else "")
+              + f"); * marks a CI that excludes 0 and survives Holm's correction over the {len(gains)} gain cells.")]
     for gain, (a, b, why) in sets.items():
         if not (a and b):
             notes.append(f"{gain}: absent: {why}.")
@@ -608,10 +615,14 @@ def gain_notes(gains: pd.DataFrame, sets: dict[str, tuple[list[str], list[str], 
         rows = gains[gains["gain"] == gain]
         unscored = [r["column"] for _, r in rows.iterrows() if not np.isfinite(r["difference"])]
         flat = [r["column"] for _, r in rows.iterrows()
-                if np.isfinite(r["difference"]) and not r["significant"]]
+                if np.isfinite(r["difference"]) and r["ci_low"] <= 0 <= r["ci_high"]]
+        nominal = [r["column"] for _, r in rows.iterrows() if np.isfinite(r["difference"]) and not r["significant"]
+                   and not r["ci_low"] <= 0 <= r["ci_high"]]
         if flat:
             note += f" Not significant (the CI contains 0) at {', '.join(flat)}."
-        elif len(rows) > len(unscored):
+        if nominal:
+            note += f" Nominal only (the CI excludes 0, not after Holm's correction) at {', '.join(nominal)}."
+        if not flat and not nominal and len(rows) > len(unscored):
             note += " Significant at every scored column."
         if unscored:
             note += f" No scorable item at {', '.join(unscored)}."
