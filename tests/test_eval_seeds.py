@@ -229,3 +229,23 @@ def test_summary_of_per_model_items_keeps_the_seeds_axis():
     assert (row["model_a"], row["n"], row["n_seeds"]) == ("b", 3, 2)
     shared_a = a.values[:, [0, 1, 3]].mean()
     assert row["difference"] == pytest.approx(b.values.mean() - shared_a)
+
+
+def test_chance_column_is_a_random_scoring_models_mean_over_the_sampling_seeds():
+    """The in-batch chance (what the Table 3 header prints) equals what random scorers actually get on the same
+    items and seeds: 300 random embeddings of 60 items whose level-1 strings repeat (10 distinct), B = 8."""
+    from cglib.evaluate.hierarcaps import in_batch_accuracy
+
+    rng = np.random.default_rng(4)
+    texts = [f"concept {i % 10}" for i in range(60)]
+    vocabulary = sorted(set(texts))
+    index = {t: i for i, t in enumerate(vocabulary)}
+    got, chance = [], None
+    for _ in range(300):
+        images = rng.normal(size=(60, 16))
+        vectors = rng.normal(size=(len(vocabulary), 16))
+        result = in_batch_accuracy(texts, images, vectors, index, batch=8, seeds=[0, 1])
+        got.append(result[("t2i", "R@1")].scores.mean())
+        chance = result[("t2i", "R@1")].chance
+    assert chance > 1 / 8 + 0.02  # repeated strings lift it above 1/B
+    assert np.mean(got) == pytest.approx(chance, abs=0.01)

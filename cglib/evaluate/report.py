@@ -210,9 +210,9 @@ def zero_shot_section(differences: pd.DataFrame, metrics: pd.DataFrame, ci: floa
     grid.index.name = "model - zero-shot"
     n = int(np.isfinite(table["p_value"].to_numpy(float)).sum())
     return ["## Paired difference from the zero-shot model (points)", "", markdown_table(grid.fillna("-")), "",
-            (f"- {len(table)} cells compared with the zero-shot model, each paired (same items, seed k against seed "
-            f"k); * marks a difference whose {100 * ci:.0f}% CI excludes 0 and that stays significant after Holm's "
-            f"correction over the {n} cells with a p-value (family-wise error {100 * (1 - ci):.0f}%).")]
+            (f"- {n} cells compared with the zero-shot model (scored cells with a p-value), each paired (same items, "
+             f"seed k against seed k); * marks a difference whose {100 * ci:.0f}% CI excludes 0 and that stays "
+             f"significant after Holm's correction over the {n} cells (family-wise error {100 * (1 - ci):.0f}%).")]
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
