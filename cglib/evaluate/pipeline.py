@@ -194,13 +194,12 @@ def zoo_info(name: str, spec: ModelParams) -> dict:
     return {**_zero_shot_info(), "name": name, "zoo": True, "spec": spec.model_dump(mode="json")}
 
 
-def _model_info(run: RunContext) -> list[dict]:  # roles read from training seed 0's (first seed's) summaries
+def _model_info(run: RunContext) -> list[dict]:
     """The zero-shot model and every trained run, with what their training saw and their role in the gain rows
     (`report.ModelRole`: fine_tuned_on_magic, objective, pretrain, init), from each run's training summary.json
-    (the params' values where the summary does not say), then the zoo models (`eval.zoo`)."""
+    of the first training seed (roles do not depend on the seed; the params' values where the summary does not
+    say), then the zoo models (`eval.zoo`)."""
     infos = [_zero_shot_info()]
-    from cglib.run import training_dir
-
     first = run.params.train.seeds[0]
     for r in run.params.train.runs:
         relative = (training_dir(run.dir, first) / r.name / "summary.json").relative_to(run.dir)
