@@ -132,6 +132,7 @@ def test_reading_says_how_many_cells_and_adjusts_before_calling_a_difference_sig
     metrics, diffs = toy(P_VALUES)
     text = report.read_results(metrics, diffs, [("clip", "zero-shot"), ("pairwise", "zero-shot")])
     assert text[0].startswith("4 paired differences are read below") and "Holm's correction over all 4" in text[0]
+    assert "accuracy; means over 3 training seeds)" in text[0]
     clip, pairwise = text[1], text[2]
     assert "beats" not in clip and "nominal only" in clip and "l1 (+5.0 [0.5, 10.0], Holm p = 0.06)" in clip
     assert "pairwise beats zero-shot at l1 by 10.0 points" in pairwise and "nominal only" in pairwise

@@ -287,6 +287,9 @@ def read_results(metrics: pd.DataFrame, differences: pd.DataFrame, comparisons: 
             f"{LABEL_NAMES.get(labels, labels)}, {metric}"
     diffs = differences[(differences["benchmark"] == benchmark) & (differences["labels"] == labels)
                         & (differences["direction"] == direction) & (differences["metric"] == metric)]
+    n_seeds = int(diffs["n_seeds"].max()) if "n_seeds" in diffs.columns and diffs["n_seeds"].notna().any() else 1
+    if n_seeds > 1:  # every number says how many training seeds it rests on
+        where += f"; means over {n_seeds} training seeds"
     cells = []  # (a, b, level, difference, low, high, p) in a's favour
     for a, b in comparisons:
         rows = diffs[(diffs["model_a"] == a) & (diffs["model_b"] == b)]
