@@ -162,13 +162,14 @@ def parse_model_spec(spec: str, run_model):
 def _evaluate_model(args: argparse.Namespace) -> int:
     from cglib.evaluate import report
     from cglib.evaluate.pipeline import ModelLoadError, evaluate_model
-    from cglib.run import RunContext, seed_everything, set_threads
+    from cglib.run import RunContext, seed_everything, set_threads, training_dir
     from cglib.train.checkpoint import INITIAL
 
     params = load_params(args.params, check_paths=False)
     run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
-    needed = {"magic/magic.json": "03_magic_dag", "captions/dataset.json": "01_captions",
-              f"training/{INITIAL}": "05_training (the zero-shot model)"}
+    needed = {"magic/magic.json": "03_magic_dag", "captions/dataset.json": "01_captions"}
+    for k in params.train.seeds:  # the zero-shot model of every training seed
+        needed[str((training_dir(run_dir, k) / INITIAL).relative_to(run_dir))] = "05_training (the zero-shot model)"
     absent = [f"{rel} (written by {nb})" for rel, nb in needed.items() if not (run_dir / rel).is_file()]
     if absent:
         print(f"error: {run_dir} is not a finished run folder: missing {', '.join(absent)}; pass --run-dir "

@@ -363,11 +363,29 @@ class TrainParams(Section):
     re_w_mean: float = Field(1.0, ge=0, description="RE loss: weight of the mean term (paper: 1).")
     re_w_minimax: float = Field(1.0, ge=0, description="RE loss: weight of the mini-max term (paper: 1).")
     re_w_reg: float = Field(10.0, ge=0, description="RE loss: weight of the frozen-tower regularizer (paper: 10).")
+    seeds: list[int] = Field(
+        default_factory=lambda: [0], description="Training seeds: every run (and the base) is trained once per "
+        "seed. A training seed varies only initialization (the base, any new head) and batch order; run.seed keeps "
+        "the world, MAGIC, the split and the evaluation items fixed, so models compare paired within a seed. Seed 0 "
+        "is run.seed itself and lives in training/ (as before this key); seed k in training/seed<k>/. Results are "
+        "means over the seeds with a hierarchical bootstrap (seeds, then images).")
+
+    @field_validator("seeds")
+    @classmethod
+    def _train_seeds(cls, seeds: list[int]) -> list[int]:
+        if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+            raise ValueError(f"train.seeds must be a non-empty list of distinct non-negative ints, got {seeds}; "
+                             "e.g. [0, 1, 2]")
+        return seeds
 
     @field_validator("runs")
     @classmethod
     def _unique_names(cls, runs: list[TrainRunParams]) -> list[TrainRunParams]:
         names = _unique([r.name for r in runs], "train.runs")
+        for name in names:
+            if re.fullmatch(r"seed\d+", name):
+                raise ValueError(f"train.runs: the name {name!r} is the folder of a training seed "
+                                 "(training/seed<k>/); rename the run")
         for i, r in enumerate(runs):
             if r.init is None:
                 continue

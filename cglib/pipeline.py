@@ -389,9 +389,11 @@ def stage_summaries(run_dir: Path) -> dict[str, dict]:
                         "skipped": _merge(_counts(magic.get("skipped_before_dag")), _counts(removed)),
                         "failed": {f"generalization (original captions kept): {k}": v
                                    for k, v in _counts(generalization.get("failure_reasons")).items()}}
-    trained = [s for s in (_read_json(p) for p in sorted((run_dir / "training").glob("*/summary.json"))) if s]
+    summaries = sorted((run_dir / "training").glob("*/summary.json")) + sorted(
+        (run_dir / "training").glob("seed*/*/summary.json"))  # training seed 0, then seeds k > 0
+    trained = [s for s in (_read_json(p) for p in summaries) if s]
     if trained:
-        out["training"] = {"kept": len(trained), "unit": "models trained",
+        out["training"] = {"kept": len(trained), "unit": "models trained (every training seed)",
                            "skipped": _merge(*(_counts((s.get("image_cache") or {}).get("skipped")) for s in trained)),
                            "failed": {}}
     results = _read_json(run_dir / "evaluation" / "results.json")

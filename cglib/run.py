@@ -10,7 +10,8 @@ Layout of `outputs/<run>/` (one folder per stage, so any notebook can re-run alo
     magic/                   magic.json, magic.graphml, stats.json, hf_dataset/ (the export of `cglib export-magic`)
     cache/images/            decoded uint8 image cache at the model's input size (training, evaluation, viz)
     training/                initial.safetensors (zero-shot weights: the base); <model>/ final.safetensors, log.csv,
-                             summary.json, checkpoints/, tensorboard/
+                             summary.json, checkpoints/, tensorboard/ (training seed 0 = run.seed)
+    training/seed<k>/        the same for training seed k of train.seeds (k > 0): its own base and runs
     evaluation/              results.json, table3.csv, table3.md, embeddings cache
     figures/                 PNG and PDF of every figure
 """
@@ -23,7 +24,7 @@ import platform
 import random
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -49,6 +50,23 @@ class RunContext:
     params: Params
     dir: Path
     params_path: Path | None = None
+    training_seed: int = 0  # which of train.seeds training works on (`for_training_seed`)
+
+    def for_training_seed(self, k: int) -> RunContext:
+        """The same run seen by training seed k: its training folder and its init/batch-order seed."""
+        return replace(self, training_seed=k)
+
+    @property
+    def training_dir(self) -> Path:
+        """Training outputs of this training seed: `training/` for seed 0, `training/seed<k>/` otherwise (created)."""
+        path = training_dir(self.dir, self.training_seed)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def train_seed(self) -> int:
+        """The seed of initialization and batch order for this training seed (run.seed itself for seed 0)."""
+        return training_seed_value(self.params.run.seed, self.training_seed)
 
     def stage(self, name: str) -> Path:
         """Folder of one stage (`captions`, `abstraction`, `magic`, `training`, `evaluation`, ...), created."""
@@ -77,6 +95,26 @@ class RunContext:
         if self.params.run.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("run.device is 'cuda' but no CUDA device is visible; set run.device: cpu or auto")
         return self.params.run.device
+
+
+def training_dir(run_dir: str | Path, k: int = 0) -> Path:
+    """Where training seed k's base and runs live: `<run>/training/` for k = 0 (the layout of one-seed runs),
+    `<run>/training/seed<k>/` otherwise."""
+    base = Path(run_dir) / "training"
+    return base if k == 0 else base / f"seed{k}"
+
+
+def seed_label(name: str, seed: int) -> str:
+    """A model's label under training seed `seed`: its name for seed 0, `NAME@seed<k>` otherwise."""
+    return name if seed == 0 else f"{name}@seed{seed}"
+
+
+def training_seed_value(run_seed: int, k: int) -> int:
+    """The torch/NumPy seed of training seed k: run.seed for k = 0 (as before train.seeds existed), otherwise a
+    value derived from (run.seed, k), far from run.seed + small integers (which other streams use)."""
+    if k == 0:
+        return run_seed
+    return int(np.random.SeedSequence([run_seed, k, 0x5EED]).generate_state(1)[0])
 
 
 def open_run(params_path: str | Path, run_dir: str | Path | None = None, check_paths: bool = True) -> RunContext:

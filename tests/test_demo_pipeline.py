@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 import yaml
 from conftest import SMALL_DEMO
@@ -49,8 +50,14 @@ def test_demo_series_runs_end_to_end(tmp_path):
         summary = json.loads((out / "training" / run_spec["name"] / "summary.json").read_text())
         text_phase = run_spec.get("loss") == "re" or run_spec.get("pretrain", "none") != "none"
         assert summary["text_phase_trained"] == ("projection" if text_phase else None), run_spec["name"]
+        # training seed 1 (SMALL_DEMO trains seeds 0 and 1): its own base and runs under training/seed1/
+        assert (out / "training" / "seed1" / run_spec["name"] / "final.safetensors").is_file()
     assert {"re", "clip", "pairwise", "centroid"} <= {r["loss"] for r in params["train"]["runs"]}
     assert any(r.get("init") for r in params["train"]["runs"]) and any(r.get("pretrain") for r in params["train"]["runs"])
+    assert json.loads((out / "training/seed1/initial.json").read_text())["training_seed"] == 1
+    metrics = pd.read_csv(out / "evaluation" / "metrics.csv")
+    assert (metrics["n_seeds"] == 2).all() and (out / "evaluation" / "seeds.csv").is_file()
+    assert "| seeds |" in (out / "evaluation" / "table3.md").read_text()
     figures = list((out / "figures").glob("*.png"))
     assert len(figures) >= 8 and all(f.with_suffix(".pdf").is_file() for f in figures)
 

@@ -4,14 +4,22 @@ Files under `<run>/evaluation/`:
 
     results.json     protocol, models (roles and exposure flags), item counts and exclusions, per-seed values,
                      every metric and paired difference, the automatic reading, the gain rows' notes, provenance
-    metrics.csv      one row per model x benchmark x labels x direction x metric x level: value, CI, n, chance
-    differences.csv  paired differences between every two models on the same items, with paired CIs
+    metrics.csv      one row per model x benchmark x labels x direction x metric x level: value (the mean over
+                     training seeds), CI, n, n_seeds, seed_sd (SD of the per-seed values), chance
+    seeds.csv        the value of every (model, training seed) per metric row (Fig. 4's thin lines, seed_sd)
+    differences.csv  paired differences between every two models on the same items, with paired CIs, p-values
+                     and Holm-adjusted p-values (the family: every difference of that metric row)
     table3.csv/.md   Table 3 regenerated (percent, 95% CIs); the .md also has the paper's gain rows under it
     gains.csv        the "Avg Accuracy Gain w.r.t." rows per Table 3 column (points, relative %, paired CIs)
     scores.npz       the per-query scores behind every number (to recompute any interval or difference)
     embeddings/      per-model embedding caches
     models/<NAME>/   `evaluate_model`: one more model (and the zero-shot model for reference) on the same items,
                      the same files (its own embeddings/ cache; the zero-shot model's is the run's)
+
+Training seeds (`train.seeds`): every trained model and the zero-shot model (the base) are scored once per
+training seed (`training/seed<k>/`), on the same items; a value is the mean over the seeds and its interval the
+hierarchical bootstrap (seeds, then images; bootstrap.py). A zoo model has no training seed (n_seeds 1); it is
+paired with the trained models seed by seed as the same scores under each seed.
 
 Zoo models (`eval.zoo`): frozen reference models (an open_clip name + pretrained tag, a cglib config, a local
 checkpoint: a `model` section each) scored on exactly the same items, at their own input size; rows of every file,
@@ -37,7 +45,7 @@ import pandas as pd
 from cglib.config import ModelParams
 from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.evaluate import report
-from cglib.evaluate.bootstrap import Scores, intervals_and_differences
+from cglib.evaluate.bootstrap import Scores, intervals_and_differences, repeat_seeds, stack_seeds
 from cglib.evaluate.embeddings import (
     Embeddings,
     EmbeddingStore,
@@ -54,12 +62,13 @@ from cglib.evaluate.forced_choice import (
 from cglib.evaluate.gallery import MetricScores, gallery_scores
 from cglib.evaluate.hierarcaps import ROOT_TEXT, hierarchical_metric, in_batch_accuracy, level_retrieval
 from cglib.evaluate.items import CAPTIONS, MagicItems, build_items
+from cglib.evaluate.multiplicity import holm
 from cglib.evaluate.retrieval import set_faiss_threads
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.magic.schema import load_magic
 from cglib.magic.stats import leakage
 from cglib.models import ClipModel
-from cglib.run import RunContext, provenance, write_json
+from cglib.run import RunContext, provenance, seed_label, training_dir, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +79,7 @@ DIFFERENCES_FILE = "differences.csv"
 SCORES_FILE = "scores.npz"
 GAINS_FILE = "gains.csv"
 MODELS_DIR = "models"  # evaluate_model's results: evaluation/models/<NAME>/
+SEEDS_FILE = "seeds.csv"
 Key = tuple[str, str, str, str, str]  # benchmark, labels, direction, metric, level
 
 PROTOCOL = {
@@ -97,9 +107,20 @@ PROTOCOL = {
         "95% (eval.ci) percentile bootstrap over test items with eval.bootstrap resamples; queries of one unit "
         "(an image's captions, one image under several seeds, a group's generalized captions) are resampled "
         "together; with eval.bootstrap_unit = group, whole l1 groups are (intervals that also cover which "
-        "concepts happened to be in the test set). With several seeds the reported value is the mean over seeds (= mean over pooled "
-        "(seed, item) queries) and the CI comes from resampling images with their pooled queries. Differences "
-        "between models use the same resamples for both (paired)."),
+        "concepts happened to be in the test set). With several evaluation seeds the reported value is the mean over seeds (= mean over pooled "
+        "(seed, item) queries) and the CI comes from resampling images with their pooled queries. With several "
+        "training seeds (train.seeds) the value is the mean over the training seeds and the bootstrap is "
+        "hierarchical: training seeds are resampled, then images (the same image draw under every drawn seed: "
+        "the items are shared by the seeds); n_seeds says how many seeds a number rests on. Differences "
+        "between models use the same resamples for both (paired at both levels: seed k against seed k)."),
+    "chance": (
+        "The chance column is what a random-scoring model gets on the same items, averaged over the sampling "
+        "seeds (its exact expectation): 1/M in the M-way forced choice, the share of same-text images in each "
+        "B-way HierarCaps batch, the expected R@k of a random ranking in a gallery."),
+    "multiplicity": (
+        "Each difference has a two-sided p-value from its bootstrap standard error; a reading of many cells "
+        "calls a difference significant only after Holm's correction over the cells it reads (family-wise "
+        "error at 1 - eval.ci)."),
 }
 
 
@@ -114,6 +135,7 @@ class EvalResults:
     directory: Path
     paths: dict[str, Path] = field(default_factory=dict)
     gains: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=report.GAIN_COLUMNS))
+    seeds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=report.SEED_COLUMNS))
 
     @property
     def models(self) -> list[str]:
@@ -145,11 +167,17 @@ class EvalResults:
 
 
 # ------------------------------------------------------------------------------------------- inputs
-def _default_loader(run: RunContext) -> Callable[[str], ClipModel]:
+def _default_loader(run: RunContext) -> Callable[..., ClipModel]:
     from cglib.train import load_trained
 
     device = run.device()
-    return lambda name: load_trained(run.params, run.dir, name, device=device)
+    return lambda name, seed=0: load_trained(run.params, run.dir, name, device=device, seed=seed)
+
+
+def _seed_loader(load: Callable[..., ClipModel], seed: int) -> Callable[[str], ClipModel]:
+    """`load` for one training seed: `load(name)` for seed 0 (a one-argument loader works for one-seed runs),
+    `load(name, seed)` otherwise."""
+    return (lambda name: load(name)) if seed == 0 else (lambda name: load(name, seed))
 
 
 class ModelLoadError(RuntimeError):
@@ -169,10 +197,13 @@ def zoo_info(name: str, spec: ModelParams) -> dict:
 def _model_info(run: RunContext) -> list[dict]:
     """The zero-shot model and every trained run, with what their training saw and their role in the gain rows
     (`report.ModelRole`: fine_tuned_on_magic, objective, pretrain, init), from each run's training summary.json
-    (the params' values where the summary does not say), then the zoo models (`eval.zoo`)."""
+    of the first training seed (roles do not depend on the seed; the params' values where the summary does not
+    say), then the zoo models (`eval.zoo`)."""
     infos = [_zero_shot_info()]
+    first = run.params.train.seeds[0]
     for r in run.params.train.runs:
-        summary_path = run.require(f"training/{r.name}/summary.json", "05_training")
+        relative = (training_dir(run.dir, first) / r.name / "summary.json").relative_to(run.dir)
+        summary_path = run.require(str(relative), "05_training")
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         loss = summary.get("loss", r.loss)
         infos.append({"name": r.name, "loss": loss, "pretrain": summary.get("pretrain", r.pretrain),
@@ -267,9 +298,32 @@ def _score_hierarcaps(hc_items: list, emb: Embeddings, params) -> tuple[dict[Key
 
 
 # ------------------------------------------------------------------------------------------- summary
+def _paired_seeds(scores: dict[str, Scores]) -> dict[str, Scores]:
+    """Every model with the training seeds of the most seeded one: a frozen (zoo) model's one row repeated, so
+    differences pair seed k with seed k."""
+    n_seeds = max((s.n_seeds for s in scores.values()), default=1)
+    return {n: repeat_seeds(s, n_seeds) for n, s in scores.items()}
+
+
+def seed_values(scores: dict[Key, dict[str, MetricScores]], train_seeds: list[int], frozen: set[str]) -> pd.DataFrame:
+    """seeds.csv: each model's value under each training seed, per metric row (a frozen model: one row, seed -)."""
+    rows = []
+    for (benchmark, labels, direction, metric, level), by_model in scores.items():
+        for name, ms in by_model.items():
+            values = ms.scores.seed_means()
+            for k, value in zip(["-"] if name in frozen else train_seeds, values):
+                rows.append({"model": name, "training_seed": k, "benchmark": benchmark, "labels": labels,
+                             "direction": direction, "metric": metric, "level": level, "value": float(value)})
+    return pd.DataFrame(rows, columns=report.SEED_COLUMNS)
+
+
 def summarize(scores: dict[Key, dict[str, MetricScores]], models: list[dict], resamples: int, ci: float,
               seed: int, excluded: dict[Key, int | dict[str, int]], exposure: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Bootstrap every key's scores for all models at once; tidy metrics and paired differences."""
+    """Bootstrap every key's scores for all models at once; tidy metrics and paired differences.
+
+    A model's value is its mean over training seeds (n_seeds, seed_sd: the SD of its per-seed values); a
+    difference's p-value is Holm-adjusted over the differences of its metric row (every pair of models).
+    """
     names = [m["name"] for m in models]
     exposed = {m["name"]: m["exposed_to_eval_strings"] for m in models}
     pairs = [(names[j], names[i]) for i in range(len(names)) for j in range(i + 1, len(names))]
@@ -277,24 +331,33 @@ def summarize(scores: dict[Key, dict[str, MetricScores]], models: list[dict], re
     for key, by_model in scores.items():
         benchmark, labels, direction, metric, level = key
         present = [n for n in names if n in by_model]
-        intervals, diffs = _intervals(key, {n: by_model[n].scores for n in present},
+        intervals, diffs = _intervals(key, _paired_seeds({n: by_model[n].scores for n in present}),
                                       [(a, b) for a, b in pairs if a in by_model and b in by_model],
                                       resamples, ci, seed)
         for n in present:
             iv = intervals[n]
             n_excluded = excluded.get(key, 0)
             n_excluded = n_excluded.get(n, 0) if isinstance(n_excluded, dict) else n_excluded
+            per_seed = by_model[n].scores.seed_means()
             metric_rows.append({
                 "model": n, "benchmark": benchmark, "labels": labels, "direction": direction, "metric": metric,
                 "level": level, "value": iv.value, "ci_low": iv.low, "ci_high": iv.high, "n": iv.n_units,
-                "n_queries": iv.n_queries, "n_excluded": n_excluded, "chance": by_model[n].chance,
+                "n_queries": iv.n_queries, "n_excluded": n_excluded, "n_seeds": by_model[n].scores.n_seeds,
+                "seed_sd": float(np.std(per_seed, ddof=1)) if per_seed.size > 1 else float("nan"),
+                "chance": by_model[n].chance,
                 "exposed_to_eval_strings": exposed[n], "exposure": _exposure_note(n, benchmark, exposure)})
         for (a, b), iv in diffs.items():
             diff_rows.append({"model_a": a, "model_b": b, "benchmark": benchmark, "labels": labels,
                               "direction": direction, "metric": metric, "level": level, "difference": iv.value,
-                              "ci_low": iv.low, "ci_high": iv.high, "n": iv.n_units, "significant": iv.significant})
-    return (pd.DataFrame(metric_rows, columns=report.METRIC_COLUMNS),
-            pd.DataFrame(diff_rows, columns=report.DIFF_COLUMNS))
+                              "ci_low": iv.low, "ci_high": iv.high, "n": iv.n_units, "n_seeds": iv.n_seeds,
+                              "significant": iv.significant, "p_value": iv.p_value})
+    differences = pd.DataFrame(diff_rows, columns=report.DIFF_COLUMNS)
+    # the family of a difference: every pair and level of its benchmark, labels, direction and metric
+    family = ["benchmark", "labels", "direction", "metric"]
+    differences["p_holm"] = (differences.groupby(family, sort=False)["p_value"].transform(lambda p: holm(p.to_numpy()))
+                             if len(differences) else pd.Series(dtype=float))
+    differences["significant_holm"] = differences["p_holm"].le(1 - ci)
+    return pd.DataFrame(metric_rows, columns=report.METRIC_COLUMNS), differences
 
 
 def _intervals(key: Key, scores: dict[str, Scores], pairs: list[tuple[str, str]], resamples: int, ci: float,
@@ -316,9 +379,10 @@ def _intervals(key: Key, scores: dict[str, Scores], pairs: list[tuple[str, str]]
 
 
 def _at_units(scores: Scores, units: np.ndarray) -> np.ndarray:
-    """Values of the queries of `units` (one query per unit), in the order of `units`."""
+    """Values of the queries of `units` (one query per unit), in the order of `units` (per training seed: the
+    last axis)."""
     position = {int(u): i for i, u in enumerate(scores.units)}
-    return scores.values[[position[int(u)] for u in units]]
+    return scores.values[..., [position[int(u)] for u in units]]
 
 
 def leakage_note(magic) -> str:
@@ -340,14 +404,15 @@ def _exposure_note(model: str, benchmark: str, exposure: dict[str, str]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- entry
-def model_fingerprints(run: RunContext, name: str) -> tuple[str, str] | None:
-    """Tower hashes from the weights file training wrote (no model build on a cache hit), None when absent.
+def model_fingerprints(run: RunContext, name: str, seed: int = 0) -> tuple[str, str] | None:
+    """Tower hashes from the weights file training wrote under training seed `seed` (no model build on a cache
+    hit), None when absent.
 
     The architecture and preprocessing part of the key is `params.model` (what `load_trained` builds from).
     """
     from cglib.train.loop import INITIAL
 
-    path = run.dir / "training" / (INITIAL if name == ZERO_SHOT else f"{name}/final.safetensors")
+    path = training_dir(run.dir, seed) / (INITIAL if name == ZERO_SHOT else f"{name}/final.safetensors")
     if not path.is_file():
         return None
     arch = run.params.model.model_dump(mode="json", exclude={"pretrained", "checkpoint"})
@@ -461,10 +526,13 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
     ground_truth = load_ground_truth(run.dir / "captions")
     load = loader or _default_loader(run)
     device = run.device()
+    train_seeds = list(params.train.seeds)
     specs = {m["name"]: ModelParams.model_validate(m["spec"]) for m in models if m.get("zoo")}
-    lazy = {m["name"]: _LazyModel(_zoo_loader(specs[m["name"]], device, params.run.seed) if m.get("zoo") else load, m["name"],
-                                  device) for m in models}
-    image_size = lazy[ZERO_SHOT].image_size
+    # one model per (name, training seed): a zoo model is frozen and has one
+    lazy = {(m["name"], k): _LazyModel(_zoo_loader(specs[m["name"]], device, params.run.seed) if m.get("zoo")
+                                       else _seed_loader(load, k), m["name"], device)
+            for m in models for k in ([train_seeds[0]] if m.get("zoo") else train_seeds)}
+    image_size = lazy[(ZERO_SHOT, train_seeds[0])].image_size
     pixels_fn, image_source, readable, skipped = _test_pixels(run, magic, dataset, image_size, progress)
     items = build_items(magic, readable, ground_truth, include_fallback=p.fallback_negatives,
                         include_generalized_fallback=p.include_generalized_fallback)
@@ -504,13 +572,13 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
     # Inputs at each input size: the main model's, and a zoo model's own (file datasets: the image cache at it).
     magic_inputs: dict[int, tuple[Callable[[], np.ndarray], str, set[str]]] = {}
     hc_inputs: dict[int, dict] = {}
-    scores: dict[Key, dict[str, MetricScores]] = {}
+    by_seed: dict[Key, dict[str, list[MetricScores]]] = {}  # each model's scores under each training seed
     per_seed: dict[str, dict[str, list[float]]] = {}
     hc_info: dict[str, dict] = {}
     zoo_skipped: dict[str, str] = {}
-    for info in tqdm(models, desc="evaluate models", disable=not progress):
-        name = info["name"]
-        bundle = lazy[name]
+    for (name, k), bundle in tqdm(lazy.items(), desc="evaluate models", disable=not progress):
+        info = next(m for m in models if m["name"] == name)
+        label = seed_label(name, k)  # its embedding cache and per-seed entries: NAME, or NAME@seed<k>
         store = run_store if name == ZERO_SHOT else own_store
         if info.get("zoo"):
             try:
@@ -527,32 +595,39 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
                 zoo_skipped[name] = reason
                 continue
         else:
-            fingerprints = model_fingerprints(run, name) if loader is None else None
+            fingerprints = model_fingerprints(run, name, k) if loader is None else None
             magic_pix, hc_pix = (pixels_fn, image_source), hc
-        emb = store.embed(name, "magic", bundle, items.image_ids, magic_pix[1], magic_pix[0], items.all_texts(),
+        emb = store.embed(label, "magic", bundle, items.image_ids, magic_pix[1], magic_pix[0], items.all_texts(),
                           fingerprints)
         model_scores, seeds_values = _score_magic(items, emb, fc_sets, p.recall_at, p.coco_retrieval,
                                                   p.bootstrap_unit)
         if hc is not None:
-            emb_hc = store.embed(name, "hierarcaps", bundle, hc["ids"], hc_pix["source"], hc_pix["pixels"],
+            emb_hc = store.embed(label, "hierarcaps", bundle, hc["ids"], hc_pix["source"], hc_pix["pixels"],
                                  hc["texts"], fingerprints)
-            hc_scores, hc_info[name] = _score_hierarcaps(hc["items"], emb_hc, params)
+            hc_scores, hc_info[label] = _score_hierarcaps(hc["items"], emb_hc, params)
             model_scores.update(hc_scores)
         for key, ms in model_scores.items():
-            scores.setdefault(key, {})[name] = ms
+            by_seed.setdefault(key, {}).setdefault(name, []).append(ms)
         for key, values in seeds_values.items():
-            per_seed.setdefault("|".join(key), {})[name] = values
+            per_seed.setdefault("|".join(key), {})[label] = values
         bundle.release()
+    scores = {key: {name: MetricScores(stack_seeds([ms.scores for ms in seeds]), float(np.mean(
+        [ms.chance for ms in seeds]))) for name, seeds in v.items()} for key, v in by_seed.items()}
     models = [m for m in models if m["name"] not in zoo_skipped]
+    for m in models:
+        m["n_seeds"] = 1 if m.get("zoo") else len(train_seeds)
+        m["training_seeds"] = [] if m.get("zoo") else train_seeds
     if hc is not None:
         tau_key = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
         excluded[tau_key] = {name: v["kendall_tau_undefined"] for name, v in hc_info.items()}
 
     metrics, differences = summarize(scores, models, p.bootstrap, p.ci, params.run.seed, excluded, exposure)
+    seeds_table = seed_values(scores, train_seeds, {m["name"] for m in models if m.get("zoo")})
     table = report.table3(metrics)
     info = {
         "protocol": PROTOCOL,
-        "settings": {"choices": p.choices, "seeds": p.seeds, "bootstrap": p.bootstrap, "ci": p.ci,
+        "settings": {"choices": p.choices, "seeds": p.seeds, "training_seeds": train_seeds,
+                     "n_seeds": len(train_seeds), "bootstrap": p.bootstrap, "ci": p.ci,
                      "recall_at": p.recall_at, "hierarcaps_batch": p.hierarcaps_batch,
                      "hierarcaps_radii": p.hierarcaps_radii, "fallback_negatives": p.fallback_negatives,
                      "negative_source": p.negative_source, "bootstrap_unit": p.bootstrap_unit,
@@ -577,13 +652,14 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
     }
     info["reading"] = report.read_results(metrics, differences, EvalResults(
         metrics, differences, table, info, out_dir).comparisons())
-    gains, gain_notes = report.gain_rows(metrics, {k: {n: ms.scores for n, ms in v.items()} for k, v in scores.items()},
+    gains, gain_notes = report.gain_rows(metrics, {k: _paired_seeds({n: ms.scores for n, ms in v.items()})
+                                                   for k, v in scores.items()},
                                          report.model_roles(models), p.bootstrap, p.ci, params.run.seed)
     info["gains"] = {"notes": gain_notes}
     info["seconds"] = round(time.perf_counter() - start, 2)
-    paths = _write(out_dir, run, metrics, differences, table, info, scores, gains)
+    paths = _write(out_dir, run, metrics, differences, table, info, scores, gains, seeds_table)
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=out_dir,
-                       paths=paths, gains=gains)
+                       paths=paths, gains=gains, seeds=seeds_table)
 
 
 def _inputs_at(size: int, main: int, run: RunContext, magic, dataset: CaptionDataset, image_ids: list[str],
@@ -650,16 +726,20 @@ def _load_hierarcaps(run: RunContext, magic, image_size: Callable[[], int], prog
 
 
 def _write(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differences: pd.DataFrame, table: pd.DataFrame,
-           info: dict, scores: dict[Key, dict[str, MetricScores]], gains: pd.DataFrame) -> dict[str, Path]:
+           info: dict, scores: dict[Key, dict[str, MetricScores]], gains: pd.DataFrame,
+           seeds_table: pd.DataFrame) -> dict[str, Path]:
     paths = {"metrics": out_dir / METRICS_FILE, "differences": out_dir / DIFFERENCES_FILE,
+             "seeds": out_dir / SEEDS_FILE,
              "table3_csv": out_dir / "table3.csv", "table3_md": out_dir / "table3.md",
              "gains": out_dir / GAINS_FILE, "scores": out_dir / SCORES_FILE, "results": out_dir / RESULTS_FILE}
     metrics.to_csv(paths["metrics"], index=False)
+    seeds_table.to_csv(paths["seeds"], index=False)
     differences.to_csv(paths["differences"], index=False)
     table.to_csv(paths["table3_csv"])
     gains.to_csv(paths["gains"], index=False)
-    paths["table3_md"].write_text(report.table3_markdown(table, report.table3_notes(info), gains,
-                                                         info["gains"]["notes"]), encoding="utf-8")
+    paths["table3_md"].write_text(report.table3_markdown(
+        table, report.table3_notes(info), gains, info["gains"]["notes"], report.table3_protocols(table, info),
+        report.zero_shot_section(differences, metrics, info["settings"].get("ci", 0.95))), encoding="utf-8")
     arrays = {}
     for key, by_model in scores.items():
         for model, ms in by_model.items():
@@ -682,14 +762,19 @@ def load_results(run_dir: str | Path) -> EvalResults:
     info.pop("metrics", None)
     info.pop("differences", None)
     metrics = pd.read_csv(directory / METRICS_FILE, dtype={"exposure": str, "level": str})
+    for column, default in (("n_seeds", 1), ("seed_sd", float("nan"))):  # files written before train.seeds
+        if column not in metrics.columns:
+            metrics.insert(report.METRIC_COLUMNS.index(column), column, default)
     metrics["exposure"] = metrics["exposure"].fillna("")
     differences = pd.read_csv(directory / DIFFERENCES_FILE)
     table = pd.read_csv(directory / "table3.csv", index_col="model")
     gains_path = directory / GAINS_FILE  # absent in evaluations written before the gain rows
     gains = (pd.read_csv(gains_path, dtype={"level": str, "models_a": str, "models_b": str}) if gains_path.is_file()
              else pd.DataFrame(columns=report.GAIN_COLUMNS))
+    seeds = (pd.read_csv(directory / SEEDS_FILE, dtype={"level": str, "training_seed": str})
+             if (directory / SEEDS_FILE).is_file() else pd.DataFrame(columns=report.SEED_COLUMNS))
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=directory,
-                       paths={p.stem: p for p in directory.iterdir() if p.is_file()}, gains=gains)
+                       paths={p.stem: p for p in directory.iterdir() if p.is_file()}, gains=gains, seeds=seeds)
 
 
 def load_scores(run_dir: str | Path) -> dict[tuple[str, ...], dict[str, Scores]]:

@@ -15,11 +15,14 @@ import numpy as np
 import pandas as pd
 
 from cglib.evaluate.bootstrap import Scores, set_difference
+from cglib.evaluate.multiplicity import holm
 
 METRIC_COLUMNS = ["model", "benchmark", "labels", "direction", "metric", "level", "value", "ci_low", "ci_high",
-                  "n", "n_queries", "n_excluded", "chance", "exposed_to_eval_strings", "exposure"]
+                  "n", "n_queries", "n_excluded", "n_seeds", "seed_sd", "chance", "exposed_to_eval_strings",
+                  "exposure"]
 DIFF_COLUMNS = ["model_a", "model_b", "benchmark", "labels", "direction", "metric", "level", "difference",
-                "ci_low", "ci_high", "n", "significant"]
+                "ci_low", "ci_high", "n", "n_seeds", "significant", "p_value", "p_holm", "significant_holm"]
+SEED_COLUMNS = ["model", "training_seed", "benchmark", "labels", "direction", "metric", "level", "value"]
 LABEL_NAMES = {"dag": "MAGIC DAG labels", "ground_truth": "world ground truth", "captions": "captions",
                "hierarcaps": "HierarCaps"}
 DIRECTION_NAMES = {"t2i": "text->image", "i2t": "image->text", "-": ""}
@@ -108,8 +111,17 @@ def table3(metrics: pd.DataFrame) -> pd.DataFrame:
             row[f"{c.header} ci_low"] = 100 * r["ci_low"]
             row[f"{c.header} ci_high"] = 100 * r["ci_high"]
             row[f"{c.header} n"] = int(r["n"])
+            row[f"{c.header} chance"] = 100 * r["chance"] if "chance" in r else float("nan")
+        if "n_seeds" in m.columns and m["n_seeds"].notna().any():
+            row["seeds"] = int(m["n_seeds"].max())
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
+
+
+def seeds_phrase(settings: dict) -> str:
+    """How many training seeds a number rests on, for notes: '3 training seeds [0, 1, 2]', '1 training seed [0]'."""
+    seeds = settings.get("training_seeds") or [0]
+    return f"{len(seeds)} training seed{'s' if len(seeds) > 1 else ''} {seeds}"
 
 
 def _fmt(value: float, low: float, high: float, digits: int = 1) -> str:
@@ -127,16 +139,80 @@ def model_label(model: str, exposed: bool) -> str:
 
 def table3_display(table: pd.DataFrame) -> pd.DataFrame:
     """Table 3 with 'value [low, high]' cells, daggers on exposed models (for markdown and notebooks)."""
-    headers = [c for c in table.columns if not c.endswith((" ci_low", " ci_high", " n"))
-               and c != "exposed_to_eval_strings"]
+    headers = [c for c in table.columns if not c.endswith((" ci_low", " ci_high", " n", " chance"))
+               and c not in ("exposed_to_eval_strings", "seeds")]
     out = pd.DataFrame(index=[model_label(m, bool(table.loc[m, "exposed_to_eval_strings"])) for m in table.index],
                        columns=headers, dtype=object)
     for model, label in zip(table.index, out.index):
         for h in headers:
             out.loc[label, h] = _fmt(table.loc[model, h], table.loc[model, f"{h} ci_low"],
                                      table.loc[model, f"{h} ci_high"])
+    if "seeds" in table.columns:  # how many training seeds each row rests on
+        out["seeds"] = [str(int(v)) if np.isfinite(v) else "-" for v in table["seeds"].astype(float)]
     out.index.name = "model"
     return out
+
+
+def table3_protocols(table: pd.DataFrame, info: dict) -> dict[str, str]:
+    """Each Table 3 column's protocol and chance, for its header: '2-way forced choice, chance 50.0%'."""
+    s = info["settings"]
+    n_hc = (info.get("hierarcaps") or {}).get("n_items") or s.get("hierarcaps_batch", 100)
+    out = {}
+    for h in [c for c in table3_display(table).columns if c != "seeds"]:
+        protocol = (f"{min(s.get('hierarcaps_batch', 100), n_hc)}-way in-batch" if h.startswith("HierarCaps")
+                    else f"{s['choices']}-way forced choice")
+        chance = table[f"{h} chance"].dropna() if f"{h} chance" in table.columns else pd.Series(dtype=float)
+        out[h] = protocol + (f", chance {chance.iloc[0]:.1f}%" if len(chance) else "")
+    return out
+
+
+def zero_shot_differences(differences: pd.DataFrame, metrics: pd.DataFrame, ci: float = 0.95,
+                          reference: str = "zero-shot") -> pd.DataFrame:
+    """Every model minus the zero-shot model per Table 3 column (points, paired CI), Holm-adjusted over the
+    cells of this table: columns difference, ci_low, ci_high, p_value, p_holm, significant (after Holm)."""
+    rows = []
+    for c in table3_columns(metrics) if len(metrics) else []:
+        d = differences[(differences["benchmark"] == c.benchmark) & (differences["labels"] == c.labels)
+                        & (differences["direction"] == c.direction) & (differences["metric"] == c.metric)
+                        & (differences["level"] == c.level)]
+        for model in model_order(metrics):
+            if model == reference:
+                continue
+            hit, sign = d[(d["model_a"] == model) & (d["model_b"] == reference)], 1.0
+            if hit.empty:
+                hit, sign = d[(d["model_a"] == reference) & (d["model_b"] == model)], -1.0
+            if hit.empty:
+                continue
+            r = hit.iloc[0]
+            low, high = sorted((sign * 100 * r["ci_low"], sign * 100 * r["ci_high"]))
+            rows.append({"model": model, "column": c.header, "difference": sign * 100 * r["difference"],
+                         "ci_low": low, "ci_high": high, "n_seeds": r.get("n_seeds", 1),
+                         "p_value": r.get("p_value", float("nan"))})
+    out = pd.DataFrame(rows, columns=["model", "column", "difference", "ci_low", "ci_high", "n_seeds", "p_value"])
+    out["p_holm"] = holm(out["p_value"].to_numpy(float))
+    ci_excludes_0 = (out["ci_low"] > 0) | (out["ci_high"] < 0)
+    out["significant"] = ci_excludes_0 & (out["p_holm"] <= 1 - ci)
+    return out
+
+
+def zero_shot_section(differences: pd.DataFrame, metrics: pd.DataFrame, ci: float = 0.95) -> list[str]:
+    """table3.md's section under the gain rows: each model minus the zero-shot model per column, and a note that
+    says how many cells were compared and that '*' is significance after Holm's correction over them."""
+    table = zero_shot_differences(differences, metrics, ci)
+    if table.empty:
+        return []
+    grid = pd.DataFrame(index=list(dict.fromkeys(table["model"])), columns=list(dict.fromkeys(table["column"])),
+                        dtype=object)
+    for _, r in table.iterrows():
+        cell = "-" if not np.isfinite(r["difference"]) else (
+            f"{_signed(r['difference'])} [{r['ci_low']:.1f}, {r['ci_high']:.1f}]" + (" *" if r["significant"] else ""))
+        grid.loc[r["model"], r["column"]] = cell
+    grid.index.name = "model - zero-shot"
+    n = int(np.isfinite(table["p_value"].to_numpy(float)).sum())
+    return ["## Paired difference from the zero-shot model (points)", "", markdown_table(grid.fillna("-")), "",
+            (f"- {n} cells compared with the zero-shot model (scored cells with a p-value), each paired (same items, "
+             f"seed k against seed k); * marks a difference whose {100 * ci:.0f}% CI excludes 0 and that stays "
+             f"significant after Holm's correction over the {n} cells (family-wise error {100 * (1 - ci):.0f}%).")]
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -149,18 +225,25 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 def table3_markdown(table: pd.DataFrame, notes: Sequence[str] = (), gains: pd.DataFrame | None = None,
-                    gain_notes: Sequence[str] = ()) -> str:
+                    gain_notes: Sequence[str] = (), protocols: dict[str, str] | None = None,
+                    zero_shot: Sequence[str] = ()) -> str:
     """table3.md: the table with its 95% CIs, the paper's gain rows under the model rows (when `gains` is
-    given, see `gain_rows`), the notes that say how every column was computed, then the gains' notes."""
+    given, see `gain_rows`), the notes that say how every column was computed, then the gains' notes, then
+    `zero_shot` (`zero_shot_section`). `protocols` (`table3_protocols`) puts each column's protocol and chance
+    in its header."""
     display = table3_display(table)
     if gains is not None and not gains.empty:
         shown = gains_display(gains)
-        display = pd.concat([display, shown.reindex(columns=display.columns).fillna("-")])
+        display = pd.concat([display, shown.reindex(columns=display.columns).astype(object).fillna("-")])
         display.index.name = "model"
+    if protocols:
+        display = display.rename(columns={h: f"{h} ({p})" for h, p in protocols.items()})
     body = markdown_table(display)
     lines = ["# Table 3 (regenerated)", "", body, "", *[f"- {n}" for n in notes]]
     if gains is not None:
         lines += ["", "## Gain rows (Avg Accuracy Gain w.r.t.)", "", *[f"- {n}" for n in gain_notes]]
+    if zero_shot:
+        lines += ["", *zero_shot]
     return "\n".join([*lines, ""])
 
 
@@ -170,7 +253,7 @@ def style_table3(table: pd.DataFrame):
     values = table[[c for c in display.columns]].astype(float)
     values.index = display.index
     styler = display.style
-    for column in display.columns:
+    for column in [c for c in display.columns if c != "seeds"]:
         styler = styler.background_gradient(cmap="Greens", subset=[column], gmap=values[column], axis=0)
     return styler.set_caption("Table 3: text->image accuracy (%) with 95% bootstrap CIs")
 
@@ -193,43 +276,64 @@ def read_results(metrics: pd.DataFrame, differences: pd.DataFrame, comparisons: 
                  metric: str = "accuracy") -> list[str]:
     """A short automatic reading: each comparison's significant differences by level, and chance checks.
 
-    A difference is called significant only when its paired 95% bootstrap CI excludes 0; otherwise the
-    sentence says there is no significant difference.
+    The cells read (every comparison at every level) are one family: a difference is called significant only
+    when its paired 95% bootstrap CI excludes 0 and its p-value stays below 5% after Holm's correction over
+    the family; the first sentence says how many cells that is. A CI that excludes 0 without surviving the
+    correction is called nominal. Files without p-values (written before them) fall back to the CI alone.
     """
     unit = "points" if is_percent(metric) else ""
     scale = 100.0 if is_percent(metric) else 1.0
     where = f"{BENCHMARK_NAMES.get(benchmark, benchmark)}, {DIRECTION_NAMES[direction]}, " \
             f"{LABEL_NAMES.get(labels, labels)}, {metric}"
-    sentences = []
     diffs = differences[(differences["benchmark"] == benchmark) & (differences["labels"] == labels)
                         & (differences["direction"] == direction) & (differences["metric"] == metric)]
+    n_seeds = int(diffs["n_seeds"].max()) if "n_seeds" in diffs.columns and diffs["n_seeds"].notna().any() else 1
+    if n_seeds > 1:  # every number says how many training seeds it rests on
+        where += f"; means over {n_seeds} training seeds"
+    cells = []  # (a, b, level, difference, low, high, p) in a's favour
     for a, b in comparisons:
         rows = diffs[(diffs["model_a"] == a) & (diffs["model_b"] == b)]
         sign = 1.0
         if rows.empty:
             rows = diffs[(diffs["model_a"] == b) & (diffs["model_b"] == a)]
             sign = -1.0
-        if rows.empty:
-            continue
-        wins, losses, ties, unscored = [], [], [], []
         for _, r in rows.iterrows():
-            if not np.isfinite(r["difference"]):
-                unscored.append(r["level"])
-                continue
-            d = sign * scale * r["difference"]
             lo, hi = sorted((sign * scale * r["ci_low"], sign * scale * r["ci_high"]))
-            text = f"{r['level']} by {abs(d):.1f} {unit} (95% CI [{lo:.1f}, {hi:.1f}])".replace("  ", " ")
-            if lo > 0:
-                wins.append(text)
-            elif hi < 0:
-                losses.append(text)
+            cells.append((a, b, r["level"], sign * scale * r["difference"], lo, hi, r.get("p_value", np.nan)))
+    p_values = np.array([c[6] for c in cells], dtype=float)
+    with_p = np.isfinite(p_values)
+    adjusted = holm(p_values)
+    alpha = 0.05
+    sentences = []
+    if with_p.sum() > 1:
+        sentences.append(f"{int(with_p.sum())} paired differences are read below ({where}); a difference is called "
+                         f"significant only when its 95% CI excludes 0 and it survives Holm's correction over all "
+                         f"{int(with_p.sum())} (family-wise error 5%).")
+    for a, b in dict.fromkeys((c[0], c[1]) for c in cells):
+        wins, losses, nominal, ties, unscored = [], [], [], [], []
+        for i, (ca, cb, level, d, lo, hi, _) in enumerate(cells):
+            if (ca, cb) != (a, b):
+                continue
+            if not np.isfinite(d):
+                unscored.append(level)
+                continue
+            text = f"{level} by {abs(d):.1f} {unit} (95% CI [{lo:.1f}, {hi:.1f}])".replace("  ", " ")
+            excludes_0 = lo > 0 or hi < 0
+            survives = not with_p[i] or adjusted[i] <= alpha
+            if excludes_0 and survives:
+                (wins if lo > 0 else losses).append(text)
+            elif excludes_0:
+                nominal.append(f"{level} ({d:+.1f} [{lo:.1f}, {hi:.1f}], Holm p = {adjusted[i]:.2g})")
             else:
-                ties.append(f"{r['level']} ({d:+.1f} [{lo:.1f}, {hi:.1f}])")
+                ties.append(f"{level} ({d:+.1f} [{lo:.1f}, {hi:.1f}])")
         parts = []
         if wins:
             parts.append(f"{a} beats {b} at " + "; ".join(wins))
         if losses:
             parts.append(f"{a} is worse than {b} at " + "; ".join(losses))
+        if nominal:
+            parts.append("nominal only (the CI excludes 0, not significant after Holm's correction) at "
+                         + ", ".join(nominal))
         if ties:
             parts.append("no significant difference (paired CI includes 0) at " + ", ".join(ties))
         if unscored:
@@ -279,9 +383,15 @@ def table3_notes(info: dict) -> list[str]:
     """The notes printed under Table 3: how each column was computed, the items, the exposures."""
     s = info["settings"]
     notes = [
-        (f"Cells: text->image accuracy in %, 95% bootstrap CI ({s['bootstrap']} resamples over test "
-         f"{'images' if s.get('bootstrap_unit', 'image') == 'image' else 'l1 groups'}) in "
-         f"brackets; forced choice with M = {s['choices']} (chance {100 / s['choices']:.0f}%), seeds {s['seeds']}."),
+        (f"Cells: text->image accuracy in %, the mean over {seeds_phrase(s)}; 95% bootstrap CI in brackets "
+         f"({s['bootstrap']} resamples of "
+         + ("the training seeds, then the test " if len(s.get("training_seeds") or [0]) > 1 else "the test ")
+         + f"{'images' if s.get('bootstrap_unit', 'image') == 'image' else 'l1 groups'}"
+         + (", one draw shared by the drawn seeds" if len(s.get("training_seeds") or [0]) > 1 else "")
+         + f"); negatives sampled with evaluation seeds {s['seeds']}. Each column header states its protocol "
+         "(M-way forced choice, B-way in-batch) and its chance: what a random-scoring model gets on the same items, "
+         "averaged over the sampling seeds (the untrained model is no random scorer: compare with the zero-shot "
+         "row, by the paired differences below the table)."),
         ("MAGIC captions = generalized captions; MAGIC l1-l4 = concept names from the DAG (magic.json); COCO = "
          "the original captions; all scored with the fixed forced-choice protocol (no identical-text negatives, "
          "ties wrong, distinct negative groups); negatives from the hard negatives of the image's "
@@ -355,7 +465,7 @@ GAINS = ("MAGIC", "Loss Function", "Pretraining", "Best Model")
 GAIN_LABEL = "Avg Accuracy Gain w.r.t. {}"
 GAIN_COLUMNS = ["gain", "column", "benchmark", "labels", "direction", "metric", "level", "models_a", "models_b",
                 "mean_a", "mean_b", "difference", "ci_low", "ci_high", "relative", "relative_ci_low",
-                "relative_ci_high", "n", "significant"]
+                "relative_ci_high", "n", "n_seeds", "p_value", "p_holm", "significant"]
 
 
 @dataclass(frozen=True)
@@ -477,8 +587,13 @@ def gain_rows(metrics: pd.DataFrame, scores: dict[tuple[str, ...], dict[str, Sco
                          "mean_b": 100 * float(np.mean([by_model[m].mean() for m in sb])),
                          "difference": 100 * diff.value, "ci_low": 100 * diff.low, "ci_high": 100 * diff.high,
                          "relative": 100 * rel.value, "relative_ci_low": 100 * rel.low,
-                         "relative_ci_high": 100 * rel.high, "n": diff.n_units, "significant": diff.significant})
+                         "relative_ci_high": 100 * rel.high, "n": diff.n_units, "n_seeds": diff.n_seeds,
+                         "p_value": diff.p_value, "significant": diff.significant})
     gains = pd.DataFrame(rows, columns=GAIN_COLUMNS)
+    # every gain cell is one family: significant = the CI excludes 0 and Holm's correction over them keeps it
+    gains["p_holm"] = holm(gains["p_value"].to_numpy(float))
+    survives = gains["p_holm"].le(1 - ci) | gains["p_value"].isna()
+    gains["significant"] = gains["significant"].astype(bool) & survives
     return gains, gain_notes(gains, sets, roles, resamples, ci)
 
 
@@ -496,7 +611,10 @@ def gain_notes(gains: pd.DataFrame, sets: dict[str, tuple[list[str], list[str], 
             "Best Model": "the best row, the highest mean over the Table 3 columns, minus the zero-shot model"}
     notes = [(f"Gain rows: mean of the first set of models minus mean of the second, in points; in parentheses "
               f"relative to the second set's mean (%); {100 * ci:.0f}% paired bootstrap CI over the test images "
-              f"({resamples} resamples, both sets resampled together); * marks a CI that excludes 0.")]
+              f"({resamples} resamples, both sets resampled together"
+              + (f"; hierarchical over the {int(gains['n_seeds'].max())} training seeds, seed k of every model "
+                 "together" if len(gains) and gains["n_seeds"].max() > 1 else "")
+              + f"); * marks a CI that excludes 0 and survives Holm's correction over the {len(gains)} gain cells.")]
     for gain, (a, b, why) in sets.items():
         if not (a and b):
             notes.append(f"{gain}: absent: {why}.")
@@ -505,10 +623,14 @@ def gain_notes(gains: pd.DataFrame, sets: dict[str, tuple[list[str], list[str], 
         rows = gains[gains["gain"] == gain]
         unscored = [r["column"] for _, r in rows.iterrows() if not np.isfinite(r["difference"])]
         flat = [r["column"] for _, r in rows.iterrows()
-                if np.isfinite(r["difference"]) and not r["significant"]]
+                if np.isfinite(r["difference"]) and r["ci_low"] <= 0 <= r["ci_high"]]
+        nominal = [r["column"] for _, r in rows.iterrows() if np.isfinite(r["difference"]) and not r["significant"]
+                   and not r["ci_low"] <= 0 <= r["ci_high"]]
         if flat:
             note += f" Not significant (the CI contains 0) at {', '.join(flat)}."
-        elif len(rows) > len(unscored):
+        if nominal:
+            note += f" Nominal only (the CI excludes 0, not after Holm's correction) at {', '.join(nominal)}."
+        if not flat and not nominal and len(rows) > len(unscored):
             note += " Significant at every scored column."
         if unscored:
             note += f" No scorable item at {', '.join(unscored)}."

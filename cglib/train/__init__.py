@@ -10,7 +10,8 @@ from typing import Any
 
 _EXPORTS = {
     "loop": ["LOG_COLUMNS", "ZERO_SHOT", "TrainInputs", "base_record", "ensure_initial", "load_inputs", "load_trained",
-             "model_image_size", "run_spec", "summary_table", "train_all", "train_one", "weights_moved_note"],
+             "model_image_size", "run_spec", "seed_label", "summary_table", "train_all", "train_one",
+             "weights_moved_note"],
     "pretrain": ["TextPairSampler", "exposed_to_eval_strings"],
     "sampler": ["GroupBatch", "GroupBatchSampler"],
 }

@@ -73,8 +73,11 @@ def _pairs(dataset: CaptionDataset, image_ids: list[str], rng: np.random.Generat
 
 
 def train_base(params: Params, bundle: ClipModel, dataset: CaptionDataset, cache_dir: Path,
-               device: torch.device | str = "cpu", progress: bool = True) -> dict[str, Any]:
-    """Train `bundle` in place with the CLIP loss on `dataset`'s (image, caption) pairs; return the training record."""
+               device: torch.device | str = "cpu", progress: bool = True, seed: int | None = None) -> dict[str, Any]:
+    """Train `bundle` in place with the CLIP loss on `dataset`'s (image, caption) pairs; return the training record.
+
+    `seed` (the training seed's, `RunContext.train_seed`; default run.seed) orders the pairs and picks their captions.
+    """
     base, t = params.train.base, params.train
     device = torch.device(device)
     cache = build_image_cache(dataset, bundle.image_size, cache_dir, progress=progress)
@@ -114,7 +117,7 @@ def train_base(params: Params, bundle: ClipModel, dataset: CaptionDataset, cache
     started = time.perf_counter()
     bar = tqdm(total=total, desc="base (CLIP loss)", disable=not progress, leave=True)
     for epoch in range(base.epochs):
-        rng = np.random.default_rng([params.run.seed, base.seed_offset, epoch])
+        rng = np.random.default_rng([params.run.seed if seed is None else seed, base.seed_offset, epoch])
         pairs = _pairs(dataset, image_ids, rng)
         running = 0.0
         for b in range(per_epoch):

@@ -110,7 +110,7 @@ class RunFiles:
     def __init__(self, run: Any, name: str, spec: dict[str, Any], info: Any, precision: dict[str, str]) -> None:
         self.run, self.info, self.precision = run, info, precision
         self.hash = spec_hash(spec)
-        self.base = run.stage("training")
+        self.base = run.training_dir  # training/ or training/seed<k>/
         self.out = self.base / name
         self.ckpt_dir = self.out / "checkpoints"
         entry = next(r for r in run.params.train.runs if r.name == name)

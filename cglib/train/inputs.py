@@ -69,12 +69,13 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
 
 
-def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
+def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
     """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed.
 
     The train.re_* keys enter the spec of loss: re runs only (a change retrains those, not the MAGIC runs); a run
     with `init` carries its starting run's spec, so retraining that run retrains this one. Without `init` (and
-    re keys) the spec is what it was before those keys existed: trained runs stay valid.
+    re keys) the spec is what it was before those keys existed: trained runs stay valid. `train.seeds` is not in
+    the spec (adding a seed does not retrain the others); training seed k > 0 is (`training_seed`).
     """
     t = params.train
     spec = entry.model_dump(mode="json")
@@ -84,7 +85,7 @@ def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
         del spec["released"]
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
-    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights"}
+    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
     train = t.model_dump(mode="json", exclude=exclude if entry.loss == "re" else exclude | set(RE_KEYS))
     out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
     if entry.loss == "re" and t.re_data == "hierarcaps_train":
@@ -96,8 +97,10 @@ def run_spec(params: Params, entry: TrainRunParams) -> dict[str, Any]:
         from cglib.data.download import file_digest
 
         out["released_file"] = file_digest(entry.released, "sha1") if entry.released.is_file() else None
+    if training_seed:
+        out["training_seed"] = training_seed
     if entry.init is not None:
-        out["init"] = run_spec(params, run_entry(params, entry.init))
+        out["init"] = run_spec(params, run_entry(params, entry.init), training_seed)
     return out
 
 

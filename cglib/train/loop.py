@@ -33,7 +33,12 @@ Frozen text tower. With `model.freeze_text` the text side is a fixed function, s
 a batch can hold are computed once per run (eval mode) and looked up per step: a step then runs the image
 tower only. Its weights are not copied into the run's files: they are referenced and verified by hash.
 
-Outputs under `<run>/training/` (a contract evaluation and visualization rely on):
+Training seeds (`train.seeds`). Every run, and the base, is trained once per training seed k: seed k varies
+initialization (`initial.safetensors`: the base, any new head) and batch order (`RunContext.train_seed`), while
+run.seed keeps the world, MAGIC, the split and the evaluation items fixed. Seed 0 is run.seed itself and writes
+to `<run>/training/` (the layout of one-seed runs); seed k > 0 to `<run>/training/seed<k>/`, the same files.
+
+Outputs under `<run>/training/` (or `training/seed<k>/`; a contract evaluation and visualization rely on):
     initial.safetensors (+ initial.json)  weights before training, same seed for every run ("zero-shot"); a
                                           MiniLM text tower is referenced to its package (hash-verified)
     <name>/final.safetensors              weights after training (a tower frozen for the whole run is
@@ -59,7 +64,7 @@ from typing import Any
 from cglib.config import Params
 from cglib.data.download import file_digest
 from cglib.models import ClipModel, architecture_params, build_model, load_weights, save_weights
-from cglib.run import RunContext, provenance, seed_everything, write_json
+from cglib.run import RunContext, provenance, seed_everything, seed_label, training_dir, write_json
 from cglib.train import distributed
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
@@ -87,6 +92,7 @@ __all__ = [
     "model_image_size",
     "run_entry",
     "run_spec",
+    "seed_label",
     "set_trainable",
     "summary_table",
     "train_all",
@@ -102,6 +108,8 @@ def _initial_spec(run: RunContext) -> dict[str, Any]:
     """What determines the initial weights: the model, the seed and, with a base corpus, how the base trains."""
     p = run.params
     spec: dict[str, Any] = {"model": p.model.model_dump(mode="json"), "seed": p.run.seed}
+    if run.training_seed:
+        spec["training_seed"] = run.training_seed
     if p.train.base.corpus != "none":
         spec["base"] = p.train.base.model_dump(mode="json")
         spec["base_train"] = {"tau": p.train.tau, "weight_decay": p.train.weight_decay,
@@ -123,14 +131,14 @@ def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool
     file references it (with its hash) instead of copying its 22M parameters.
     """
     info = info or DistInfo()
-    path = run.stage("training") / INITIAL
+    path = run.training_dir / INITIAL
     meta_path = path.with_suffix(".json")
     want = _initial_spec(run)
     current = None
     if meta_path.is_file() and path.is_file():
         current = json.loads(meta_path.read_text(encoding="utf-8")).get("spec")
     if current != want and info.is_main:
-        seed_everything(run.params.run.seed)
+        seed_everything(run.train_seed)  # the training seed initializes the base (and any new head)
         bundle = build_model(run.params.model, "cpu")
         record: dict[str, Any] = {"spec": want}
         if run.params.train.base.corpus != "none":
@@ -139,19 +147,21 @@ def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool
 
             corpus, described = base_corpus(run)
             record["base"] = {**described, **train_base(run.params, bundle, corpus, image_cache_dir(run),
-                                                        run.device(), progress)}
+                                                        run.device(), progress, seed=run.train_seed)}
             bundle.model.to("cpu")
         from_package = bundle.text_tower == "minilm" and run.params.model.freeze_text
         save_weights(bundle.model, path, exclude=text_keys(bundle.model) if from_package else (),
                      source="package" if from_package else None)
-        write_json(meta_path, {**record, "model": bundle.info(), "provenance": provenance(run.params)})
+        write_json(meta_path, {**record, "training_seed": run.training_seed, "model": bundle.info(),
+                               "provenance": provenance(run.params)})
     distributed.barrier(info)
     return path
 
 
-def base_record(run_dir: str | Path) -> dict[str, Any] | None:
-    """What the base model (the zero-shot row) was trained on, from `training/initial.json`; None without a base."""
-    meta = Path(run_dir) / "training" / INITIAL
+def base_record(run_dir: str | Path, seed: int = 0) -> dict[str, Any] | None:
+    """What the base model (the zero-shot row) of training seed `seed` was trained on, from its `initial.json`;
+    None without a base."""
+    meta = training_dir(run_dir, seed) / INITIAL
     meta = meta.with_suffix(".json")
     if not meta.is_file():
         return None
@@ -188,21 +198,28 @@ def _finished(trainer: Trainer) -> dict[str, Any] | None:
 
 
 def train_all(run: RunContext, names: list[str] | None = None, progress: bool = True,
-              info: DistInfo | None = None) -> dict[str, dict[str, Any]]:
-    """Train every train.runs entry (or those named) from the initial weights, or from run `init`'s final weights
-    (trained first when it is not yet); summaries by name."""
+              info: DistInfo | None = None, seeds: list[int] | None = None) -> dict[str, dict[str, Any]]:
+    """Train every train.runs entry (or those named) under every training seed (train.seeds, or `seeds`), each
+    from its seed's initial weights or from run `init`'s final weights (trained first when it is not yet);
+    summaries by `seed_label` (the name itself for seed 0)."""
     names = names or [r.name for r in run.params.train.runs]
     for name in names:
         run_entry(run.params, name)  # fail before any work on a typo
     info = info or distributed.current(run.device())
-    ensure_initial(run, info, progress)
-    inputs = load_inputs(run, progress=progress, info=info)
-    return {name: train_one(run, name, inputs=inputs, info=info, progress=progress) for name in names}
+    inputs = load_inputs(run, progress=progress, info=info)  # the data is the same under every training seed
+    out = {}
+    for k in seeds if seeds is not None else run.params.train.seeds:
+        seeded = run.for_training_seed(k)
+        ensure_initial(seeded, info, progress)
+        for name in names:
+            out[seed_label(name, k)] = train_one(seeded, name, inputs=inputs, info=info, progress=progress)
+    return out
 
 
-def load_trained(params: Params, run_dir: str | Path, name: str, device: str = "cpu") -> ClipModel:
-    """The model trained by run `name` of train.runs, or "zero-shot" (the initial weights), in eval mode."""
-    base = Path(run_dir) / "training"
+def load_trained(params: Params, run_dir: str | Path, name: str, device: str = "cpu", seed: int = 0) -> ClipModel:
+    """The model trained by run `name` of train.runs, or "zero-shot" (the initial weights), under training seed
+    `seed`, in eval mode."""
+    base = training_dir(run_dir, seed)
     if name == ZERO_SHOT:
         path = base / INITIAL
     else:

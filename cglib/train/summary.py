@@ -92,6 +92,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
         "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
+        # train.seeds: which training seed, and the seed it gave initialization and batch order
+        "training_seed": trainer.run.training_seed, "init_and_order_seed": trainer.run.train_seed,
         "epoch_kind": "re items" if re else t.epoch, "epochs": t.re_epochs if re else t.epochs,
         "steps_per_epoch": (trainer.sampler_info or {}).get("optimizer_steps_per_epoch"),
         "pretrain_steps_per_epoch": (trainer.pretrain_info or {}).get("batches_per_epoch"),

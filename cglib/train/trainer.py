@@ -48,7 +48,7 @@ class Trainer:
         search scores the validation split there and may stop the run by raising)."""
         self.run, self.entry, self.inputs, self.info = run, entry, inputs, info
         self.params, self.t = run.params, run.params.train
-        self.spec = run_spec(run.params, entry)
+        self.spec = run_spec(run.params, entry, run.training_seed)
         self.on_step, self.on_epoch, self.progress = on_step, on_epoch, progress
         self.device = info.device
         self.amp = amp_dtype(self.t.amp, self.device)
@@ -81,7 +81,7 @@ class Trainer:
         """Train (or resume) the run; return its summary (written by summary.finish)."""
         from cglib.train.summary import finish
 
-        seed_everything(self.params.run.seed)
+        seed_everything(self.run.train_seed)  # the training seed: init of anything built here
         ckpt = self.files.load_checkpoint()
         if ckpt is None:
             self.files.clear_outputs()
@@ -174,7 +174,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------ phase 1
     def _pretrain(self, ckpt: dict[str, Any] | None) -> None:
         sampler = TextPairSampler(self.inputs.magic, self.entry.pretrain, self.t.pretrain_batch_size,
-                                  self.params.run.seed)
+                                  self.run.train_seed)
         if sampler.batch_size % self.info.world_size:
             raise ValueError(f"train.pretrain_batch_size ({sampler.batch_size}) must be divisible by the number "
                              f"of processes ({self.info.world_size})")
@@ -239,7 +239,7 @@ class Trainer:
         if self.info.world_size > 1:
             raise ValueError(f"run {self.entry.name!r} (loss: re) trains on one process; run it without torchrun")
         items, described = re_items(self.params, self.inputs.magic)
-        sampler = REBatchSampler(items, t.re_batch_size, self.params.run.seed)
+        sampler = REBatchSampler(items, t.re_batch_size, self.run.train_seed)
         per_epoch = len(sampler)
         self.re_info = {**described, **sampler.describe(), "epochs": t.re_epochs, "lr": t.re_lr,
                         "weights": {"mean": t.re_w_mean, "minimax": t.re_w_minimax, "reg": t.re_w_reg},
@@ -321,7 +321,7 @@ class Trainer:
     def _train(self, ckpt: dict[str, Any] | None) -> None:
         t, info = self.t, self.info
         sampler = GroupBatchSampler(self.inputs.magic, t.groups_per_batch, t.pairs_per_group,
-                                    self.params.run.seed, t.text_source, set(self.inputs.cache.image_ids),
+                                    self.run.train_seed, t.text_source, set(self.inputs.cache.image_ids),
                                     epoch=t.epoch)
         if t.groups_per_batch % info.world_size:
             raise ValueError(f"train.groups_per_batch ({t.groups_per_batch}) must be divisible by the number of "

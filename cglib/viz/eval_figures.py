@@ -1,7 +1,8 @@
 """Fig. 4: accuracy against abstraction level, one line per model with its 95% CI band, from `metrics.csv`.
 
 A pure function of the saved metrics table (`cglib.evaluate.load_results(run_dir).metrics` or
-`pd.read_csv("evaluation/metrics.csv")`), so `cglib figures` can redraw it without any model.
+`pd.read_csv("evaluation/metrics.csv")`), so `cglib figures` can redraw it without any model. With several
+training seeds, `seeds` (`evaluation/seeds.csv`) adds one thin line per seed behind each model's mean.
 """
 
 from __future__ import annotations
@@ -29,11 +30,26 @@ def _level_order(levels: Sequence[str]) -> list[str]:
     return sorted(set(levels), key=key)
 
 
+def seed_lines(seeds: pd.DataFrame | None, benchmark: str, metric: str, direction: str, labels: str, model: str,
+               levels: Sequence[str]) -> list[np.ndarray]:
+    """One model's per-training-seed values over `levels` (one array per seed; none for one seed or no table)."""
+    if seeds is None or seeds.empty:
+        return []
+    rows = seeds[(seeds["benchmark"] == benchmark) & (seeds["metric"] == metric) & (seeds["direction"] == direction)
+                 & (seeds["labels"] == labels) & (seeds["model"] == model)]
+    if rows["training_seed"].nunique() < 2:
+        return []
+    return [group.set_index("level")["value"].reindex(list(levels)).to_numpy(float)
+            for _, group in rows.groupby("training_seed", sort=False)]
+
+
 def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choice", metric: str = "accuracy",
                            direction: str = "t2i", labels: Sequence[str] | None = None,
                            levels: Sequence[str] | None = None, models: Sequence[str] | None = None,
-                           percent: bool = True, figsize_per_panel: tuple[float, float] = (5.0, 3.8)) -> Figure:
-    """One panel per label source (DAG, ground truth, ...): the metric by level, one line per model, CI bands.
+                           percent: bool = True, figsize_per_panel: tuple[float, float] = (5.0, 3.8),
+                           seeds: pd.DataFrame | None = None) -> Figure:
+    """One panel per label source (DAG, ground truth, ...): the metric by level, one line per model (the mean over
+    training seeds), CI bands, and with `seeds` (seeds.csv) one thin line per training seed behind the mean.
 
     `levels` defaults to the concept levels l1..lL found in the table; models whose training saw the evaluation
     strings are drawn dashed and marked with a dagger; the chance level is a grey dotted line.
@@ -65,6 +81,8 @@ def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choic
                     linestyle="--" if exposed else "-", label=f"{model} †" if exposed else model)
             ax.fill_between(x, scale * m["ci_low"].to_numpy(float), scale * m["ci_high"].to_numpy(float),
                             color=color, alpha=0.15, linewidth=0)
+            for line in seed_lines(seeds, benchmark, metric, direction, source, model, level_list):
+                ax.plot(x, scale * line, color=color, linewidth=0.7, alpha=0.45, zorder=1)
         chance = panel.groupby("level")["chance"].mean().reindex(level_list).to_numpy(float)
         if np.isfinite(chance).any():
             ax.plot(x, scale * chance, color="0.5", linestyle=":", linewidth=1.5, label="chance")
@@ -74,6 +92,8 @@ def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choic
     unit = " (%)" if percent else ""
     axes[0][0].set_ylabel(f"{metric}{unit}, {DIRECTION_TITLES.get(direction, direction)}")
     axes[0][-1].legend(loc="best", frameon=True)
-    fig.suptitle(f"{benchmark.replace('_', ' ')}: {metric} by abstraction level (95% CI bands)")
+    n_seeds = int(rows["n_seeds"].max()) if "n_seeds" in rows.columns and rows["n_seeds"].notna().any() else 1
+    fig.suptitle(f"{benchmark.replace('_', ' ')}: {metric} by abstraction level (95% CI bands"
+                 + (f"; mean of {n_seeds} training seeds, thin lines: each seed)" if n_seeds > 1 else ")"))
     fig.tight_layout()
     return fig

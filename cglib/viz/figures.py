@@ -25,7 +25,7 @@ from cglib.config import Params, load_params
 from cglib.data.dataset import CaptionDataset
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.models import ClipModel
-from cglib.run import RunContext, provenance, write_json
+from cglib.run import RunContext, provenance, seed_label, write_json
 from cglib.train import ZERO_SHOT
 from cglib.viz.umap_centroids import GroupEmbeddings, UmapPanel
 
@@ -126,15 +126,22 @@ class VizRun:
     def model_names(self) -> list[str]:
         return [ZERO_SHOT] + [r.name for r in self.params.train.runs]
 
+    @property
+    def training_seed(self) -> int:
+        """The training seed whose models the figures show: the first of train.seeds (Fig. 4 shows them all)."""
+        return self.params.train.seeds[0]
+
     def models(self) -> dict[str, ClipModel]:
-        """Every model with a checkpoint (zero-shot first); the others are listed in `missing_models`."""
+        """Every model with a checkpoint (zero-shot first) of the first training seed; the others are listed in
+        `missing_models`."""
         from cglib.train import load_trained
 
         for name in self.model_names:
             if name in self._models or name in self.missing_models:
                 continue
             try:
-                self._models[name] = load_trained(self.params, self.dir, name, device=self.device)
+                self._models[name] = load_trained(self.params, self.dir, name, device=self.device,
+                                                  seed=self.training_seed)
             except FileNotFoundError as exc:
                 self.missing_models[name] = str(exc)
         found = {name: self._models[name] for name in self.model_names if name in self._models}
@@ -167,7 +174,8 @@ class VizRun:
         from cglib.viz.umap_centroids import group_texts
 
         store = EmbeddingStore(self.dir / "evaluation" / "embeddings", batch_size=self.params.eval.batch_size)
-        path = store.path(name, "magic")
+        label = seed_label(name, self.training_seed)  # evaluation's cache name for this seed
+        path = store.path(label, "magic")
         if not path.is_file():
             return None
         try:
@@ -182,12 +190,12 @@ class VizRun:
         # as is; a stale one is recomputed into exactly what evaluation itself would write (no key thrashing).
         from cglib.evaluate.pipeline import model_fingerprints
 
-        fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name)
+        fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name, self.training_seed)
         if fingerprints is None:
             return None
-        emb = store.embed(name, "magic", lambda: bundle, ids, self._image_source, lambda: self.test_pixels, texts,
+        emb = store.embed(label, "magic", lambda: bundle, ids, self._image_source, lambda: self.test_pixels, texts,
                           fingerprints)
-        self.embedding_sources[name] = "evaluation cache" if not store.computed[f"{name}.magic"] else "computed"
+        self.embedding_sources[name] = "evaluation cache" if not store.computed[f"{label}.magic"] else "computed"
         return GroupEmbeddings(model=name, images=emb.images, image_groups=[self.magic.images[i].node for i in ids],
                                texts=emb.text(needed), text_groups=groups, image_ids=ids)
 
@@ -274,9 +282,11 @@ def attention_heads_figure(vr: VizRun, model: str) -> Figure:
 def accuracy_figure(vr: VizRun) -> Figure:
     """Fig. 4: retrieval accuracy by abstraction level, from `evaluation/metrics.csv`."""
     metrics = pd.read_csv(_require(vr.dir / "evaluation" / "metrics.csv", "06_evaluation"))
+    seeds_path = vr.dir / "evaluation" / "seeds.csv"  # absent in evaluations written before train.seeds
+    seeds = pd.read_csv(seeds_path, dtype={"level": str, "training_seed": str}) if seeds_path.is_file() else None
     from cglib.viz.eval_figures import plot_accuracy_by_level
 
-    return plot_accuracy_by_level(metrics)
+    return plot_accuracy_by_level(metrics, seeds=seeds)
 
 
 def loss_curves_figure(vr: VizRun) -> Figure:
