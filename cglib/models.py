@@ -544,8 +544,18 @@ def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256,
     Hugging Face towers (the MiniLM) mask padding, and open_clip's HF tokenizer pads every text to the context
     length: texts are batched by length and columns that are padding in the whole batch are dropped (about 4x
     fewer tokens for captions; equal up to float rounding). CLIP's own tower has a fixed positional table and
-    takes the full context.
+    takes the full context. A MiniLM tower's outputs before its projection are remembered per tower weights
+    (`_minilm_outputs`), so only the projection runs for a text that tower has already embedded.
     """
+    if bundle.text_tower == "minilm":
+        outputs = torch.from_numpy(_minilm_outputs(bundle, texts, batch_size)).to(bundle.device)
+        embedded = bundle.model.text.proj(outputs).float()
+        return (F.normalize(embedded, dim=-1) if normalize else embedded).cpu().numpy()
+    return _run_text_tower(bundle, texts, batch_size, normalize)
+
+
+def _run_text_tower(bundle: ClipModel, texts: Sequence[str], batch_size: int, normalize: bool) -> np.ndarray:
+    """Text embeddings straight from the tower, batched by length with shared padding columns dropped."""
     pad = _pad_token_id(bundle)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if pad is not None else range(len(texts))
     order = list(order)
@@ -558,3 +568,31 @@ def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256,
         out[rows] = bundle.model.encode_text(tokens.to(bundle.device), normalize=normalize).float().cpu().numpy()
     bundle.model.train(was_training)
     return out
+
+
+# MiniLM outputs before the projection, per digest of the tower's weights. Every model of a demo run shares the
+# package's frozen MiniLM, and the base, each run's text table, the text phases and evaluation embed the same
+# captions again and again (about 40% of notebook 05's time before this memo). A tower that trains gets a new
+# digest, so it never reads outputs of other weights; the two most recent towers are kept.
+_MINILM_MEMO: dict[str, dict[str, np.ndarray]] = {}
+_MINILM_MEMO_TOWERS = 2
+
+
+def _minilm_outputs(bundle: ClipModel, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    """The MiniLM tower's outputs (before its projection) for `texts`, computing only those not yet remembered."""
+    tower = bundle.model.text
+    digest = tensors_sha1({k: v for k, v in tower.state_dict().items() if not k.startswith("proj.")})
+    memo = _MINILM_MEMO.pop(digest, {})
+    _MINILM_MEMO[digest] = memo  # the most recent tower last
+    while len(_MINILM_MEMO) > _MINILM_MEMO_TOWERS:
+        del _MINILM_MEMO[next(iter(_MINILM_MEMO))]
+    missing = [t for t in dict.fromkeys(texts) if t not in memo]
+    if missing:
+        proj, tower.proj = tower.proj, torch.nn.Identity()
+        try:
+            memo.update(zip(missing, _run_text_tower(bundle, missing, batch_size, normalize=False)))
+        finally:
+            tower.proj = proj
+    if not texts:
+        return np.zeros((0, MINILM_DIM), np.float32)
+    return np.stack([memo[t] for t in texts])

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -52,6 +53,13 @@ def test_demo_series_runs_end_to_end(tmp_path):
         assert summary["text_phase_trained"] == ("projection" if text_phase else None), run_spec["name"]
         # training seed 1 (SMALL_DEMO trains seeds 0 and 1): its own base and runs under training/seed1/
         assert (out / "training" / "seed1" / run_spec["name"] / "final.safetensors").is_file()
+        # every row is scored with its own weights: a run that trained only the text projection (RE, textual
+        # pretraining) must not be served the zero-shot model's cached text embeddings
+        own, zero_shot = (np.load(out / "evaluation" / "embeddings" / f"{m}.magic.npz")
+                          for m in (run_spec["name"], "zero-shot"))
+        assert not np.array_equal(own["text_vectors"], zero_shot["text_vectors"]) or run_spec["loss"] != "re"
+        assert not (np.array_equal(own["text_vectors"], zero_shot["text_vectors"])
+                    and np.array_equal(own["images"], zero_shot["images"])), run_spec["name"]
     assert {"re", "clip", "pairwise", "centroid"} <= {r["loss"] for r in params["train"]["runs"]}
     assert any(r.get("init") for r in params["train"]["runs"]) and any(r.get("pretrain") for r in params["train"]["runs"])
     assert json.loads((out / "training/seed1/initial.json").read_text())["training_seed"] == 1

@@ -13,6 +13,7 @@ from cglib.embed import MINILM_DIM, embed_texts
 from cglib.losses import pairwise_group_loss
 from cglib.models import (
     Towers,
+    _run_text_tower,
     architecture_params,
     build_model,
     encode_images,
@@ -225,3 +226,30 @@ def test_paper_profile_uses_openai_activation_and_authors_tau_inner() -> None:
     model = paper.model
     assert resolve_activation(model.name, model.pretrained, model.force_activation).activation == "quick_gelu"
     assert paper.train.tau_inner == 0.07
+
+
+def test_minilm_outputs_are_remembered_per_tower_weights():
+    """encode_texts on a MiniLM model runs the tower once per text and tower weights: a second call (another model
+    on the same weights, or a changed projection) only runs the projection and gives what the tower would; changed
+    tower weights are never served outputs of the old ones."""
+    params = ModelParams(name="cglib-tiny-vit", text_tower="minilm", freeze_text=True, text_projection="identity")
+    first, second = build_model(params), build_model(params)
+    texts = ["a dog on a sofa", "two red cars in the street", "a dog on a sofa", "a bowl of fruit on a table"]
+    calls = []
+    for bundle in (first, second):
+        bundle.model.text.transformer.register_forward_hook(
+            lambda module, args, kwargs, out: calls.append(len(kwargs["input_ids"])), with_kwargs=True)
+    direct = _run_text_tower(first, texts, 256, True)
+    calls.clear()
+    assert np.array_equal(encode_texts(first, texts), direct)
+    assert calls == [3]  # three distinct texts, one batch
+    with torch.no_grad():
+        second.text_projection().weight.mul_(2.0)
+    assert np.allclose(encode_texts(second, texts, normalize=False), 2 * encode_texts(first, texts, normalize=False))
+    assert calls == [3]  # the projection changed, the tower did not: no tower call
+    with torch.no_grad():
+        embedding = second.model.text.transformer.embeddings.word_embeddings.weight
+        embedding.add_(0.1 * torch.randn(embedding.shape, generator=torch.Generator().manual_seed(0)))
+    changed = encode_texts(second, texts)
+    assert len(calls) == 2 and not np.allclose(changed, encode_texts(first, texts), atol=1e-4)
+    assert np.allclose(changed, _run_text_tower(second, texts, 256, True), atol=1e-6)

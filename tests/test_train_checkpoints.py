@@ -109,6 +109,21 @@ def test_evaluation_fingerprints_see_the_referenced_tower(minilm_run, tmp_path):
         {**referenced_weights(initial), "sha1": "0" * 40})})
     assert file_fingerprints(other, "p")[1] != file_fingerprints(initial, "p")[1]
 
+    # a run that trained part of the text tower alone (train.text_trains: projection) holds that part and references
+    # the rest and the whole image tower: its text fingerprint is its own, its image fingerprint the initial's
+    model = build_model(run.params.model).model
+    load_weights(model, initial)
+    part = next(k for k in text_keys(model.state_dict()) if k.startswith("text."))
+    reference = {"source": "initial.safetensors", "keys": sorted(set(model.state_dict()) - {part})}
+    fingerprints = []
+    for shift in (0.0, 0.01):
+        partial = run.dir / "training" / f"partial-{shift}.safetensors"
+        save_file({part: (model.state_dict()[part] + shift).contiguous()}, str(partial),
+                  metadata={"cglib_referenced": json.dumps(reference)})
+        fingerprints.append(file_fingerprints(partial, "p"))
+    assert fingerprints[0][0] == fingerprints[1][0] == file_fingerprints(initial, "p")[0]
+    assert len({fingerprints[0][1], fingerprints[1][1], file_fingerprints(initial, "p")[1]}) == 3
+
 
 def test_a_checkpoint_missing_a_trained_key_is_not_resumed_silently(tmp_path):
     """last.pt holds every trained key (not the frozen tower's); one missing is an error naming the file."""

@@ -28,7 +28,7 @@ from cglib.models import ClipModel, encode_images, encode_texts
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: fingerprints of files holding part of a tower cover the part they reference
 NON_TOWER_KEYS = ("logit_scale", "logit_bias")
 
 
@@ -69,18 +69,35 @@ def tower_fingerprints(bundle: ClipModel) -> tuple[str, str]:
 
 
 def file_fingerprints(path: Path, preprocessing: str) -> tuple[str, str]:
-    """The same hashes as `tower_fingerprints`, read from a safetensors state dict without building the model."""
+    """The same hashes as `tower_fingerprints`, read from a safetensors state dict without building the model.
+
+    A file may hold part of a tower and reference the rest (cglib.models.save_weights: a run that trained only the
+    MiniLM projection holds `text.proj.weight` and references the frozen tower). Per tower: nothing referenced -
+    the hash of what is held; nothing held - the referenced file's fingerprint (the same tower, so its embeddings
+    are shared); both - the two combined, so a trained projection never reuses the frozen tower's embeddings.
+    """
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        image, text = _hash_tensors(((k, f.get_tensor(k)) for k in f.keys()), preprocessing)  # noqa: SIM118
+        held = [k for k in f.keys() if k not in NON_TOWER_KEYS]  # noqa: SIM118
+        image, text = _hash_tensors(((k, f.get_tensor(k)) for k in held), preprocessing)
         referenced = (f.metadata() or {}).get("cglib_referenced")
-    if referenced:  # a frozen text tower referenced, not held (cglib.models.save_weights, verified on load)
-        source = json.loads(referenced)["source"]
-        if source != "package":  # held by another weights file: the same tower, so the same fingerprint
-            return image, file_fingerprints(Path(path).parent / source, preprocessing)[1]
-        text = hashlib.sha1(f"{text}|{referenced}".encode()).hexdigest()  # built from its package: its hash
-    return image, text
+    if not referenced:
+        return image, text
+    reference = json.loads(referenced)
+    if reference["source"] == "package":  # a MiniLM built from its package: the reference (with its hash) stands in
+        source_image, source_text = image, hashlib.sha1(referenced.encode()).hexdigest()
+    else:
+        source_image, source_text = file_fingerprints(Path(path).parent / reference["source"], preprocessing)
+    refers = [k for k in reference["keys"] if k not in NON_TOWER_KEYS]
+
+    def tower(is_image: bool, own: str, source: str) -> str:
+        holds = any(k.startswith("visual.") == is_image for k in held)
+        if not any(k.startswith("visual.") == is_image for k in refers):
+            return own
+        return hashlib.sha1(f"{own}|{source}".encode()).hexdigest() if holds else source
+
+    return tower(True, image, source_image), tower(False, text, source_text)
 
 
 def _hash_strings(prefix: str, strings: list[str]) -> str:
