@@ -202,3 +202,11 @@ def test_median_pruner_stops_a_trial_whose_lr_cannot_learn(tmp_path):
     assert not list((result.dir / "training").glob("trial-*"))  # trial weights are scratch
     rows = {r["parameter"]: r for r in result.summary["table2"]}
     assert rows["lr"]["paper_value"] == 1e-8 and rows["lr"]["chosen"] == pytest.approx(1e-2)
+
+    # `cglib figures` redraws notebook 08's two figures from the stored study
+    from cglib.viz.figures import STEMS, build_figures
+
+    (run_dir / "params.yaml").write_text(path.read_text())
+    report = build_figures(run_dir, formats=["png"], progress=False)
+    assert {f"{STEMS['search_history']}.png", f"{STEMS['search_importances']}.png"} <= {p.name for p in report.written}
+    assert STEMS["search_history"] not in report.failed

@@ -84,7 +84,7 @@ def test_cli_regenerates_every_figure_of_a_finished_run(finished_run, capsys):
             path = figures / f"{stem}.{fmt}"
             assert path.is_file() and path.stat().st_size > 1000, path
     manifest = json.loads((figures / MANIFEST).read_text())
-    assert set(manifest["skipped"]) == {STEMS["taxonomy"]}
+    assert set(manifest["skipped"]) == {STEMS["taxonomy"], STEMS["search_history"], STEMS["search_importances"]}
     assert manifest["failed"] == {} and manifest["missing_models"] == {}
     assert manifest["provenance"]["params"]["viz"]["attention_images"] == 2
     table = (figures / DUAL_EFFECT_TABLE).read_text().splitlines()
@@ -112,10 +112,12 @@ def test_partial_run_skips_figures_with_reasons(tmp_path, capsys):
     written = {p.name for p in report.written}
     assert written == {f"{STEMS['caption_lengths']}.png", f"{STEMS['image_grid']}.png"}
     assert report.failed == {}
-    expected_skips = set(_expected_stems()) - {STEMS["caption_lengths"], STEMS["image_grid"]} | {STEMS["taxonomy"]}
+    expected_skips = (set(_expected_stems()) - {STEMS["caption_lengths"], STEMS["image_grid"]}
+                      | {STEMS["taxonomy"], STEMS["search_history"], STEMS["search_importances"]})
     assert set(report.skipped) == expected_skips
     assert "05_training" in report.skipped[STEMS["umap"]]
     assert "06_evaluation" in report.skipped[STEMS["accuracy"]]
+    assert "08_search" in report.skipped[STEMS["search_history"]]
     out = capsys.readouterr().out
     assert f"{len(expected_skips)} skipped (missing inputs)" in out
     assert regenerate_figures(run.dir, formats=["png"], progress=False)  # same run through the CLI's entry point

@@ -338,11 +338,34 @@ def save_dual_effect_table(vr: VizRun) -> Path:
     return path
 
 
+def search_study(vr: VizRun):
+    """Notebook 08's Optuna study, loaded from its storage (search.json marks a search that has run)."""
+    from cglib.train.search import SUMMARY, open_study, workspace
+
+    _require(workspace(vr.params, vr.dir) / SUMMARY, "08_search (or cglib search)")
+    return open_study(vr.params, vr.dir)
+
+
+def search_history_figure(vr: VizRun) -> Figure:
+    """Notebook 08: every trial's validation accuracy and the best so far."""
+    from cglib.viz.search_figures import history_figure
+
+    return history_figure(search_study(vr))
+
+
+def search_importances_figure(vr: VizRun) -> Figure:
+    """Notebook 08: parameter importances of the search (fANOVA, the sampler's seed)."""
+    from cglib.viz.search_figures import importance_figure
+
+    return importance_figure(search_study(vr), seed=vr.params.search.sampler_seed)
+
+
 # File stems follow the notebooks' `NN_name` convention, so a regeneration overwrites the notebooks' own files.
 STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid", "taxonomy": "01_taxonomy",
          "loss_curves": "05_loss_curves", "accuracy": "06_fig4_accuracy_by_level",
          "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
-         "attention_grid": "07_attention_grid_{model}", "attention_heads": "07_attention_heads_{model}"}
+         "attention_grid": "07_attention_grid_{model}", "attention_heads": "07_attention_heads_{model}",
+         "search_history": "search_history", "search_importances": "search_importances"}  # 08's own names
 
 
 def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
@@ -355,6 +378,8 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["accuracy"], lambda: accuracy_figure(vr)),
         (STEMS["umap"], lambda: umap_figure(vr)),
         (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
+        (STEMS["search_history"], lambda: search_history_figure(vr)),
+        (STEMS["search_importances"], lambda: search_importances_figure(vr)),
     ]
     for name in vr.model_names:
         jobs.append((STEMS["attention_grid"].format(model=name),
