@@ -352,9 +352,12 @@ def build_model(params: ModelParams, device: str | torch.device = "cpu") -> Clip
         load_weights(model, params.checkpoint)
     cfg = open_clip.get_model_preprocess_cfg(model)
     size = cfg["size"][0] if isinstance(cfg["size"], (tuple, list)) else cfg["size"]
+    # timm image towers (ConvNeXt, EVA02) have no `output_dim`: the architecture's config states the joint size.
+    # The text tower is what the params asked for (CoCa's own transformer is also called `model.text`).
+    embed_dim = getattr(model.visual, "output_dim", None) or open_clip.get_model_config(arch)["embed_dim"]
     bundle = ClipModel(model=model, tokenizer=open_clip.get_tokenizer(arch), name=params.name, image_size=int(size),
-                       embed_dim=int(model.visual.output_dim), mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
-                       text_tower="minilm" if hasattr(model, "text") else "open_clip",
+                       embed_dim=int(embed_dim), mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
+                       text_tower=params.text_tower,
                        activation=choice.activation, activation_source=choice.source)
     if params.freeze_text:
         for p in bundle.text_parameters():

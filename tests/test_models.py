@@ -253,3 +253,21 @@ def test_minilm_outputs_are_remembered_per_tower_weights():
     changed = encode_texts(second, texts)
     assert len(calls) == 2 and not np.allclose(changed, encode_texts(first, texts), atol=1e-4)
     assert np.allclose(changed, _run_text_tower(second, texts, 256, True), atol=1e-6)
+
+
+@pytest.mark.parametrize("params", [
+    ModelParams(name="convnext_tiny", text_tower="open_clip", arch_overrides={"text_cfg": {"layers": 1}}),
+    ModelParams(name="coca_ViT-B-32", text_tower="open_clip",
+                arch_overrides={"vision_cfg": {"layers": 1}, "text_cfg": {"layers": 1}}),
+], ids=["timm-image-tower", "coca"])
+def test_zoo_architectures_build_and_embed(params):
+    """Reference-zoo architectures that are not plain open_clip CLIPs: a timm image tower (ConvNeXt; EVA02 is
+    built the same way) has no `output_dim`, and CoCa's own text transformer is also called `model.text`; both build
+    offline and embed both modalities into the architecture's joint space, with their own text tower."""
+    bundle = build_model(params)
+    assert bundle.text_tower == "open_clip"
+    assert bundle.embed_dim == open_clip.get_model_config(params.name)["embed_dim"]
+    texts = encode_texts(bundle, ["a dog on a sofa", "two red cars"])
+    images = encode_images(bundle, np.zeros((2, bundle.image_size, bundle.image_size, 3), np.uint8))
+    assert texts.shape == images.shape == (2, bundle.embed_dim)
+    assert np.allclose(np.linalg.norm(texts, axis=1), 1.0, atol=1e-5)

@@ -37,7 +37,7 @@ FORCED = {
     "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
     "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers", "train.re_data",
-    "eval.bootstrap",
+    "eval.bootstrap", "eval.zoo",
 }
 
 
