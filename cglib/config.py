@@ -432,6 +432,10 @@ class EvalParams(Section):
         "concepts) or group (whole l1 groups with their images: wider intervals that also cover concept sampling).")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Evaluation seeds (forced-choice sampling).")
     hierarcaps: bool = Field(False, description="Also evaluate on HierarCaps (needs data.hierarcaps_csv/images).")
+    hierarcaps_include_train: bool = Field(
+        False, description="Also score HierarCaps items whose image is in this run's MAGIC train split (the trained "
+        "models saw it and its captions); false, the default: HierarCaps is scored on unseen images only, as the "
+        "paper presents it, and the count left out is reported.")
     hierarcaps_batch: int = Field(100, ge=2, description="B of the in-batch HierarCaps variant.")
     hierarcaps_radii: int = Field(50, ge=2, description="Radius thresholds of the HierarCaps hierarchical metric "
                                   "(its authors use 50).")

@@ -152,3 +152,40 @@ def test_hierarcaps_real_data_with_the_demo_model(tmp_path, shared_data):
     print(result.metrics[result.metrics["benchmark"].str.startswith("hierarcaps")
                          & (result.metrics["metric"].isin(["R@1", "precision", "recall", "kendall_tau"]))]
           [["benchmark", "direction", "metric", "level", "value", "ci_low", "ci_high", "chance"]].to_string())
+
+
+def test_hierarcaps_leaves_out_images_the_models_trained_on(tmp_path):
+    """HierarCaps is unseen data: by default items whose image is in MAGIC's train split are left out of every
+    HierarCaps number and counted; eval.hierarcaps_include_train: true scores them, with the caution note."""
+    from cglib.data.coco_export import write_synthetic_coco
+    from cglib.evaluate.pipeline import _load_hierarcaps
+    from cglib.evaluate.report import hierarcaps_items_note
+
+    written = write_synthetic_coco(tmp_path / "coco", images_per_concept=1, hierarcaps_per_concept=1)
+    data = {"hierarcaps_csv": str(written.hierarcaps_csv), "hierarcaps_images": str(written.hierarcaps_images)}
+    magic, _ = tiny_magic()
+    stems = sorted(p.stem for p in written.hierarcaps_images.iterdir())
+    train = [r for r in magic.images.values() if r.split == "train"][:5]
+    test = [r for r in magic.images.values() if r.split == "test"][:3]
+    # five HierarCaps photos are MAGIC training images, three are MAGIC test images, the rest never in the run
+    records = {stem: r.model_copy(update={"id": stem}) for stem, r in zip(stems, train + test)}
+    seen_magic = magic.model_copy(update={"images": records})
+    for include, expected in ((False, len(stems) - 5), (True, len(stems))):
+        run = make_run(tmp_path / str(include), runs=[], data=data, hierarcaps=True, hierarcaps_batch=4,
+                       hierarcaps_include_train=include)
+        hc = _load_hierarcaps(run, seen_magic, lambda: 32, progress=False)
+        assert len(hc["items"]) == len(hc["ids"]) == expected
+        assert hc["overlap"] == {"any": 8, "train": 5}
+        assert set(stems[:5]).isdisjoint(hc["ids"]) != include
+        note = hierarcaps_items_note({"n_items": len(hc["items"]), "overlap_with_run_images": hc["overlap"],
+                                      "include_train": hc["include_train"], "left_out_train": hc["left_out_train"]})
+        if include:
+            assert "5 of them on images in this run's MAGIC train split" in note and "compare with care" in note
+        else:
+            assert f"{expected} items scored, all on images unseen in training; 5 left out" in note
+            assert "fewer than 400" in note
+
+    all_train = magic.model_copy(update={"images": {s: train[0].model_copy(update={"id": s}) for s in stems}})
+    run = make_run(tmp_path / "all", runs=[], data=data, hierarcaps=True, hierarcaps_batch=4)
+    with pytest.raises(ValueError, match="none is unseen; raise magic.test_fraction"):
+        _load_hierarcaps(run, all_train, lambda: 32, progress=False)

@@ -561,7 +561,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
                           or m["pretrain"] != "none")
         if leak_note and on_generalized:
             exposure[f"{m['name']}|*"] = "; ".join(n for n in (exposure.get(f"{m['name']}|*"), leak_note) if n)
-    if hc is not None and hc["overlap"]["train"]:
+    if hc is not None and hc["include_train"] and hc["overlap"]["train"]:
         for m in trained:
             exposure[f"{m['name']}|hierarcaps"] = (f"trained on {hc['overlap']['train']} of the {len(hc['items'])} "
                                                    "HierarCaps images (in this run's MAGIC train split)")
@@ -646,6 +646,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
         },
         "hierarcaps": None if hc is None else {
             "n_items": len(hc["items"]), "skipped": hc["skipped"], "overlap_with_run_images": hc["overlap"],
+            "include_train": hc["include_train"], "left_out_train": hc["left_out_train"],
             "per_model": hc_info},
         "per_seed": per_seed,
         "embeddings_computed": {**run_store.computed, **own_store.computed},
@@ -719,10 +720,19 @@ def _load_hierarcaps(run: RunContext, magic, image_size: Callable[[], int], prog
         return False
 
     overlap = {"any": sum(in_run(i, None) for i in items), "train": sum(in_run(i, "train") for i in items)}
+    include_train = run.params.eval.hierarcaps_include_train
+    if not include_train:  # HierarCaps is unseen data: items the trained models saw are left out, and counted
+        items = [i for i in items if not in_run(i, "train")]
+        if not items:
+            raise ValueError(f"all {overlap['train']} readable HierarCaps images are in this run's MAGIC train split, "
+                             "so none is unseen; raise magic.test_fraction, or set eval.hierarcaps_include_train: "
+                             "true to score seen images")
+        ids = [i.image_id for i in items]
     texts = sorted({t for i in items for t in i.levels} | {ROOT_TEXT})
     return {"items": items, "ids": ids, "pixels": lambda: cache.get(ids), "texts": texts,
             "source": pixel_fingerprint(files=[i.image_file for i in items]), "skipped": dict(skipped),
-            "overlap": overlap}
+            "overlap": overlap, "include_train": include_train,
+            "left_out_train": 0 if include_train else overlap["train"]}
 
 
 def _write(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differences: pd.DataFrame, table: pd.DataFrame,

@@ -410,10 +410,7 @@ def table3_notes(info: dict) -> list[str]:
     if info.get("hierarcaps"):
         notes.append(f"HierarCaps l1-l4: {s['hierarcaps_batch']}-way in-batch R@1 (a hit is any image with the "
                      f"same text at that level), {info['hierarcaps']['n_items']} items.")
-        overlap = info["hierarcaps"]["overlap_with_run_images"]
-        if overlap["train"]:
-            notes.append(f"{overlap['train']} of the HierarCaps images are in this run's MAGIC train split: the "
-                         "trained models saw them (and their COCO captions) in training; compare with care.")
+        notes.append(hierarcaps_items_note(info["hierarcaps"]))
     for m in info["models"]:  # the HierarCaps rows say whose RE weights they are
         if m.get("objective") == "re":
             notes.append(f"{m['name']}: HierarCaps' RE alignment, "
@@ -665,3 +662,24 @@ def gains_display(gains: pd.DataFrame) -> pd.DataFrame:
         out.loc[GAIN_LABEL.format(r["gain"]), r["column"]] = cell
     out.index.name = "gain"
     return out.fillna("-")
+
+
+FEW_HIERARCAPS_ITEMS = 400  # the unseen items the hierarcaps profile is sized to keep (DESIGN.md, data roles)
+
+
+def hierarcaps_items_note(hierarcaps: dict) -> str:
+    """Which HierarCaps items the numbers rest on: unseen only (the default, with the count left out) or also the
+    images this run trained on (eval.hierarcaps_include_train), and a warning when few remain."""
+    n, seen = hierarcaps["n_items"], hierarcaps["overlap_with_run_images"]["train"]
+    if hierarcaps.get("include_train", True):
+        if not seen:
+            return f"HierarCaps: all {n} items scored; none of their images is in this run's MAGIC train split."
+        return (f"HierarCaps: all {n} items scored, {seen} of them on images in this run's MAGIC train split "
+                "(eval.hierarcaps_include_train: true): the trained models saw those images and their COCO captions "
+                "in training; compare with care.")
+    note = (f"HierarCaps: {n} items scored, all on images unseen in training; {hierarcaps['left_out_train']} left out "
+            "because their image is in this run's MAGIC train split (eval.hierarcaps_include_train: true scores them).")
+    if n < FEW_HIERARCAPS_ITEMS:
+        note += (f" Only {n} unseen items remain (fewer than {FEW_HIERARCAPS_ITEMS}): expect wide CIs; a larger "
+                 "magic.test_fraction leaves more.")
+    return note
