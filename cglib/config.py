@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # a Hugging Face Hub repository id, owner/name (magic.source)
+SHIPPED_TAXONOMY_NAMES = ("synthetic", "everyday")  # llm.offline_taxonomy values naming a taxonomy of the package
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
@@ -136,8 +137,10 @@ class LLMParams(Section):
     offline_method: Literal["name", "photo", "content", "name+content"] = Field(
         "content", description="Offline backend: what an image's mean caption embedding is compared with: the l1 "
         "name, 'a photo of <name>', the scene's objects and settings, or the mean of name and content.")
-    offline_taxonomy: Path | None = Field(None, description="Taxonomy YAML of the offline backend; null = the one "
-                                          "shipped in the package (the synthetic world's).")
+    offline_taxonomy: str | None = Field(
+        None, description="Concept taxonomy of the offline backend: synthetic (the synthetic world's, also null), "
+        "everyday (shipped: everyday photographs, for COCO photos) or the path of a YAML file with levels, parents "
+        "and descriptions.")
     batch_max_requests: int = Field(50_000, ge=1, le=50_000, description="Batch API: requests per JSONL file.")
     batch_max_bytes: int = Field(200_000_000, ge=1_000, le=200_000_000, description="Batch API: bytes per JSONL file.")
     batch_max_enqueued_tokens: int = Field(2_000_000, ge=1_000, description="Batch API: estimated input tokens "
@@ -720,6 +723,9 @@ def _check_paths(params: Params, root: Path) -> list[str]:
         needed.append(("model.checkpoint", params.model.checkpoint))
     if params.model.hf_state_dict is not None:
         needed.append(("model.hf_state_dict", params.model.hf_state_dict))
+    taxonomy = params.llm.offline_taxonomy
+    if params.llm.backend == "offline" and taxonomy is not None and taxonomy not in SHIPPED_TAXONOMY_NAMES:
+        needed.append(("llm.offline_taxonomy", Path(taxonomy)))
     errors = []
     source = params.magic.source
     if source != "build":
@@ -750,8 +756,8 @@ def resolve_paths(params: Params, root: Path) -> Params:
     for section, key in (("model", "checkpoint"), ("model", "hf_state_dict"), ("llm", "cache_path"),
                          ("llm", "offline_taxonomy")):
         p = data[section][key]
-        if p is not None and not Path(p).is_absolute():
-            data[section][key] = root / p
+        if p is not None and not Path(p).is_absolute() and str(p) not in SHIPPED_TAXONOMY_NAMES:
+            data[section][key] = str(root / p) if isinstance(p, str) else root / p
     for model in [data["model"], *(z["model"] for z in data["eval"]["zoo"])]:
         for key in ("checkpoint", "hf_state_dict"):
             if model is not data["model"] and model[key] is not None and not Path(model[key]).is_absolute():

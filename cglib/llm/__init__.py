@@ -17,11 +17,11 @@ from cglib.llm.engine import (
                               run_abstraction,
 )
 from cglib.llm.generalize_requests import GeneralizeResult, generalize_groups, offline_generalize
-from cglib.llm.offline_backend import compare_offline_methods
+from cglib.llm.offline_backend import compare_offline_methods, taxonomy_fit
 
 __all__ = [
     "AbstractionResult", "ConceptTask", "Failure", "FatalBackendError", "GeneralizeResult", "GroupRequest",
     "QuotaExhaustedError", "canonicalize", "chain_agreement", "compare_offline_methods", "estimate_concept_requests",
     "estimate_full_coco", "failure_table", "few_shot_copies", "generalize_groups", "level_counts", "load_chains",
-    "offline_generalize", "run_abstraction",
+    "offline_generalize", "run_abstraction", "taxonomy_fit",
 ]

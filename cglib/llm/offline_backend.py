@@ -9,8 +9,10 @@ the taxonomy's parents. What an l1 concept is represented by is `llm.offline_met
                 mean over its settings
   name+content  the normalized sum of name and content
 `compare_offline_methods` measures all four against the synthetic world's ground truth (notebook 02 shows
-the table; `content` agrees best there, see the docs of that function). On real photographs (COCO) the
-taxonomy is a synthetic world's and fits poorly: every image still gets its nearest synthetic concept.
+the table; `content` agrees best there, see the docs of that function). The taxonomy is `llm.offline_taxonomy`:
+the synthetic world's (default), `everyday` for real photographs (COCO's kind of scenes; `content` is then each
+concept's caption-like description), or a user's file. `taxonomy_fit` measures, without ground truth, how well a
+taxonomy's concepts fit a set of photos (notebook 02).
 
 oracle: the synthetic world's ground-truth chains, for controlled experiments only (results are marked with
 backend 'oracle'); it makes no requests and is not cached.
@@ -35,9 +37,11 @@ ENCODER = "all-MiniLM-L6-v2"
 
 def taxonomy_fingerprint(taxonomy: Taxonomy) -> str:
     """Short hash of a taxonomy's content (part of the offline backend's model name, hence of its cache keys)."""
-    blob = json.dumps({"levels": taxonomy.levels, "parents": taxonomy.parents,
-                       "scenes": {k: [list(v.settings), list(v.objects)] for k, v in taxonomy.scenes.items()}},
-                      sort_keys=True)
+    content = {"levels": taxonomy.levels, "parents": taxonomy.parents,
+               "scenes": {k: [list(v.settings), list(v.objects)] for k, v in taxonomy.scenes.items()}}
+    if taxonomy.descriptions:  # absent for the synthetic world's file, whose hash (and cache keys) stay as they were
+        content["descriptions"] = taxonomy.descriptions
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -50,8 +54,10 @@ def prototype_texts(taxonomy: Taxonomy, method: str) -> dict[str, list[str]]:
     if method not in OFFLINE_METHODS:
         raise ValueError(f"unknown offline method '{method}'; choose one of {', '.join(OFFLINE_METHODS)}")
     texts: dict[str, list[str]] = {}
-    for name, scene in taxonomy.scenes.items():
-        content = [f"{_article(s)} {s} with {', '.join(scene.objects)}" for s in scene.settings]
+    for name in taxonomy.l1:
+        scene = taxonomy.scenes.get(name)
+        content = ([f"{_article(s)} {s} with {', '.join(scene.objects)}" for s in scene.settings] if scene
+                   else [taxonomy.descriptions[name]])  # a real-photo taxonomy: its caption-like description
         texts[name] = {"name": [name], "photo": [f"a photo of {_article(name)} {name}"], "content": content,
                        "name+content": [name]}[method]
     return texts
@@ -207,3 +213,26 @@ def compare_offline_methods(captions: dict[str, list[str]], ground_truth: dict[s
         accuracy = float(np.mean([p == t for p, t in zip(picked, truth)])) if ids else float("nan")
         rows.append({"method": method, "l1_accuracy": round(accuracy, 4), "images": len(ids)})
     return rows
+
+
+def taxonomy_fit(captions: dict[str, list[str]], taxonomy: Taxonomy, method: str = "content", seed: int = 0
+                 ) -> dict[str, Any]:
+    """How well a taxonomy fits photos without ground truth: the share of images whose chosen l1 concept is closer
+    to the image's own captions than to the captions of a random other image.
+
+    Each image gets its nearest l1 concept (as the offline backend picks it); the other image is a seeded
+    derangement, so every image is compared once. A taxonomy that fits gives specific concepts (near 100%); one
+    that does not sends most photos to a few vague concepts that are as close to any other photo (near 50%).
+    """
+    ids = sorted(i for i in captions if captions[i])
+    if len(ids) < 2:
+        raise ValueError(f"taxonomy_fit needs at least 2 images with captions, got {len(ids)}")
+    means = caption_means([captions[i] for i in ids])
+    names, prototypes = l1_prototypes(taxonomy, method)
+    chosen = np.argmax(means @ prototypes.T, axis=1)
+    rng = np.random.default_rng(seed)
+    other = (np.arange(len(ids)) + rng.integers(1, len(ids), size=len(ids))) % len(ids)  # never the image itself
+    own = np.einsum("ij,ij->i", means, prototypes[chosen])
+    rival = np.einsum("ij,ij->i", means[other], prototypes[chosen])
+    return {"images": len(ids), "l1_concepts": len(names), "l1_concepts_used": len(set(chosen.tolist())),
+            "fit": round(float(np.mean(own > rival)), 4), "mean_margin": round(float(np.mean(own - rival)), 4)}

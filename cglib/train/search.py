@@ -41,7 +41,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from cglib.config import IntRange, Params, deep_merge, params_root, parse_params
+from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
 from cglib.run import RunContext, provenance, write_json
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,7 @@ def _absolute_inputs(raw: dict, root: Path) -> dict:
     out = deep_merge(raw, {})
     for section, key in PATH_KEYS:
         value = (out.get(section) or {}).get(key)
-        if isinstance(value, str) and not Path(value).is_absolute():
+        if isinstance(value, str) and not Path(value).is_absolute() and value not in SHIPPED_TAXONOMY_NAMES:
             out[section] = {**out[section], key: str(root / value)}
     return out
 
