@@ -280,6 +280,9 @@ class TrainRunParams(Section):
         None, description="loss: re only: a file of the HierarCaps authors' released weights (a transformers CLIPModel "
         "state dict over openai/clip-vit-base-patch32). When it exists the row loads its text tower onto the base "
         "instead of training (summary weights_source: released); absent, the row is trained here and marked so.")
+    text_source: Literal["generalized", "original"] | None = Field(
+        None, description="Override train.text_source for this run (null = train.text_source): original trains on "
+        "each image's own captions, e.g. a baseline whose hard negatives rewrite caption keywords.")
     alpha_on: Literal["inner", "outer"] = Field("inner", description="inner: paper (alpha*inner); outer: authors' code.")
     normalize_products: bool = Field(False, description="Authors' pairwise inner term (normalized products).")
     tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")

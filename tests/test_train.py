@@ -412,3 +412,18 @@ def test_batch_items_carry_text_ids_of_identical_strings(tmp_path):
         for a, b in itertools.combinations(range(12), 2):
             assert (ids[a] == ids[b]) == (texts[a] == texts[b])
         assert len(set(texts)) < len(texts)  # node captions cycle to N: identical texts do occur
+
+
+def test_a_run_overrides_the_text_source(tmp_path):
+    """train.runs[i].text_source: original trains that run on its images' own captions (the summary says so) while
+    the other runs keep train.text_source; at its default the key leaves a run's spec (and cached weights) as before."""
+    from cglib.train.inputs import run_entry, run_spec
+
+    run = make_run(tmp_path, epochs=1, runs=[{"name": "clip", "loss": "clip"},
+                                             {"name": "clip_own", "loss": "clip", "text_source": "original"}])
+    assert "text_source" not in run_spec(run.params, run_entry(run.params, "clip"))["run"]
+    assert run_spec(run.params, run_entry(run.params, "clip_own"))["run"]["text_source"] == "original"
+    summaries = {name: train_one(run, name, progress=False) for name in ("clip", "clip_own")}
+    assert summaries["clip"]["text_source"] == "generalized"
+    assert summaries["clip_own"]["text_source"] == "original"
+    assert summaries["clip_own"]["sampler"]["text_source"] == "original"

@@ -207,6 +207,7 @@ def _model_info(run: RunContext) -> list[dict]:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         loss = summary.get("loss", r.loss)
         infos.append({"name": r.name, "loss": loss, "pretrain": summary.get("pretrain", r.pretrain),
+                      "text_source": summary.get("text_source", r.text_source or run.params.train.text_source),
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
                       "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT),
@@ -557,7 +558,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
     for m in trained:
         # generalized captions are trained on by MAGIC fine-tuning (text_source: generalized) and by textual
         # pretraining; an re run trains on concept chains and original captions only
-        on_generalized = (m.get("objective") != "re" and params.train.text_source == "generalized"
+        on_generalized = (m.get("objective") != "re" and m.get("text_source", params.train.text_source) == "generalized"
                           or m["pretrain"] != "none")
         if leak_note and on_generalized:
             exposure[f"{m['name']}|*"] = "; ".join(n for n in (exposure.get(f"{m['name']}|*"), leak_note) if n)

@@ -66,6 +66,9 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
     raise ValueError(f"no run named {name!r} in train.runs; choose one of {[r.name for r in params.train.runs]}")
 
 
+# Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
+# weights of earlier runs) unchanged.
+RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None}
 RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
 
 
@@ -79,10 +82,9 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     """
     t = params.train
     spec = entry.model_dump(mode="json")
-    if entry.init is None:
-        del spec["init"]
-    if entry.released is None:
-        del spec["released"]
+    for key, default in RUN_KEY_DEFAULTS.items():
+        if spec[key] == default:
+            del spec[key]
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
@@ -102,6 +104,11 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     if entry.init is not None:
         out["init"] = run_spec(params, run_entry(params, entry.init), training_seed)
     return out
+
+
+def text_source(params: Params, entry: TrainRunParams) -> str:
+    """The run's text side of training pairs: its own text_source, else train.text_source."""
+    return entry.text_source or params.train.text_source
 
 
 def exposure(params: Params, entry: TrainRunParams) -> list[str]:

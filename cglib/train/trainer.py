@@ -26,7 +26,7 @@ from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.checkpoint import Progress, RunFiles
 from cglib.train.distributed import DistInfo
 from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved_precision
-from cglib.train.inputs import TrainInputs, run_spec
+from cglib.train.inputs import TrainInputs, run_spec, text_source
 from cglib.train.optim import amp_dtype
 from cglib.train.pretrain import TextPairSampler
 from cglib.train.released import TRAINED_HERE, load_released, released_present
@@ -321,7 +321,7 @@ class Trainer:
     def _train(self, ckpt: dict[str, Any] | None) -> None:
         t, info = self.t, self.info
         sampler = GroupBatchSampler(self.inputs.magic, t.groups_per_batch, t.pairs_per_group,
-                                    self.run.train_seed, t.text_source, set(self.inputs.cache.image_ids),
+                                    self.run.train_seed, text_source(self.params, self.entry), set(self.inputs.cache.image_ids),
                                     epoch=t.epoch)
         if t.groups_per_batch % info.world_size:
             raise ValueError(f"train.groups_per_batch ({t.groups_per_batch}) must be divisible by the number of "
