@@ -41,9 +41,10 @@ class Section(BaseModel):
 # --------------------------------------------------------------------------------------------- run
 class RunParams(Section):
     name: str = Field("demo", description="Run name; results go to `<output_dir>/<name>/`.", pattern=r"^[A-Za-z0-9_.-]+$")
-    profile: Literal["demo", "paper", "hierarcaps", "rehearsal", "custom"] = Field(
+    profile: Literal["demo", "paper", "hierarcaps", "rehearsal", "related", "custom"] = Field(
         "demo", description="Which profile this file is: demo (synthetic, offline), paper, hierarcaps, rehearsal "
-        "(the paper's code path shrunk for CI), custom.")
+        "(the paper's code path shrunk for CI), related (the related methods beside CLEAR GLASS on the synthetic "
+        "world), custom.")
     seed: int = Field(0, ge=0, description="Master seed: data order, splits, sampling, initialisation.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device; auto picks cuda when present.")
     output_dir: Path = Field(Path("outputs"), description="Parent folder of run directories (relative to the repo root).")

@@ -57,7 +57,7 @@ def test_paper_profile_needs_its_data_unless_told():
     ("run:\n  nmae: x\n", "run.nmae: unknown key; did you mean 'name'?"),
     ("trian:\n  epochs: 1\n", "trian: unknown key; did you mean 'train'?"),
     ("train:\n  groups_per_batch: -2\n", "train.groups_per_batch: Input should be greater than or equal to 1"),
-    ("run:\n  profile: demoo\n", "run.profile: Input should be 'demo', 'paper', 'hierarcaps', 'rehearsal' or 'custom'"),
+    ("run:\n  profile: demoo\n", "run.profile: Input should be 'demo', 'paper', 'hierarcaps', 'rehearsal', 'related' or 'custom'"),
     ("train:\n  epochs: many\n", "train.epochs: Input should be a valid integer"),
     ("train:\n  runs: [{name: a, loss: clipp}]\n", "train.runs[0].loss: Input should be 'clip'"),
     ("train:\n  runs: [{name: a, loss: clip}, {name: a, loss: pairwise}]\n", "duplicate names ['a']; give every entry of train.runs"),
