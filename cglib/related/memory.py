@@ -11,8 +11,9 @@ the batch's detached centroids move their rows:
 Initialization (`initial_memory`): before the image-text phase the model (eval mode, no gradient, no RNG drawn)
 encodes each training group's images and the texts of its training pairs once; a row is the normalized mean of
 its unit embeddings. The memory is saved in the training checkpoint (`state_dict`), so a resumed run continues
-from the same rows. Distributed: the loss gathers every rank's groups, so each rank would stage the same
-centroids; that is not yet tested with DDP, so the trainer refuses torchrun for a memory run.
+from the same rows. Distributed (torchrun): the loss gathers every rank's groups (and their rows), so every rank
+stages the same centroids and applies the same update; `broadcast` copies rank 0's rows to every rank once at
+the start, so the ranks' memories start, and stay, identical (tests/test_related_memory_distributed.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ class ConceptMemory:
     def to(self, device: torch.device) -> ConceptMemory:
         """Move the rows to `device` (in place; returns self)."""
         self.image, self.text = self.image.to(device), self.text.to(device)
+        return self
+
+    def broadcast(self, src: int = 0) -> ConceptMemory:
+        """Copy rank `src`'s rows to every rank (no-op without an initialized process group); returns self."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast(self.image, src)
+            dist.broadcast(self.text, src)
         return self
 
     def update(self, index: Tensor, centroids: Tensor) -> None:

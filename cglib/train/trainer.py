@@ -327,9 +327,6 @@ class Trainer:
         momentum = self.entry.memory_momentum
         if momentum is None:
             return None
-        if self.info.world_size > 1:
-            raise ValueError(f"run {self.entry.name!r}: memory_momentum is not yet supported under torchrun (the "
-                             "memory update is untested with DDP); run it in one process or remove memory_momentum")
         saved = None if ckpt is None else ckpt.get("memory")
         if saved is not None:
             memory = ConceptMemory.from_state_dict(saved)
@@ -341,7 +338,7 @@ class Trainer:
                              "it (or set train.resume: false) to start over")
         else:  # a fresh image-text phase: the rows of the starting (or textually pretrained) weights
             memory = initial_memory(self.bundle, sampler, self.inputs.cache, momentum)
-        memory.to(self.device)
+        memory.to(self.device).broadcast()  # DDP: every rank starts from rank 0's rows (then updates identically)
         self.sampler_info = {**(self.sampler_info or {}), "memory": {"groups": len(memory), "momentum": momentum}}
         return memory
 
