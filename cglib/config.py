@@ -289,6 +289,21 @@ class TrainRunParams(Section):
     tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")
     tau_inner: float | None = Field(None, gt=0, description="Override train.tau_inner for this run.")
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="Override train.alpha for this run.")
+    memory_momentum: float | None = Field(
+        None, description="loss: centroid only: contrast against a momentum memory of every training group's "
+        "image and text centroids (DCCL, Pu et al. 2023; cglib/related/memory.py), updated after each step as "
+        "mem <- normalize(m * mem + (1 - m) * batch centroid); m in (0, 1). null = the batch's groups only.")
+
+    @model_validator(mode="after")
+    def _memory_momentum(self) -> TrainRunParams:
+        m = self.memory_momentum
+        if m is not None and self.loss != "centroid":
+            raise ValueError(f"run {self.name!r}: memory_momentum is an option of loss: centroid (a memory of group "
+                             f"centroids); remove it or set loss: centroid (got loss: {self.loss})")
+        if m is not None and not 0.0 < m < 1.0:
+            raise ValueError(f"run {self.name!r}: memory_momentum must lie strictly between 0 and 1 (e.g. 0.9), "
+                             f"got {m}; null turns the memory off")
+        return self
 
     @model_validator(mode="after")
     def _re_without_pretraining(self) -> TrainRunParams:
@@ -439,6 +454,9 @@ class EvalParams(Section):
         "concepts) or group (whole l1 groups with their images: wider intervals that also cover concept sampling).")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Evaluation seeds (forced-choice sampling).")
     hierarcaps: bool = Field(False, description="Also evaluate on HierarCaps (needs data.hierarcaps_csv/images).")
+    clustering: bool = Field(
+        False, description="Also score category discovery: k-means of the MAGIC test images' embeddings per level, "
+        "clustering accuracy under Hungarian matching, seen vs held-out concepts (benchmark 'clustering').")
     hierarcaps_include_train: bool = Field(
         False, description="Also score HierarCaps items whose image is in this run's MAGIC train split (the trained "
         "models saw it and its captions); false, the default: HierarCaps is scored on unseen images only, as the "

@@ -8,6 +8,9 @@ group, L embedding dimensions. Every loss L2-normalizes its inputs, so `s(a, b)`
   group centroids `mu_g = mean_ij I[g,i] * T[g,j]` with temperature tau'.
 - `centroid_group_loss` (Eqs. 5-8): outer = CLIP InfoNCE between the M image centroids and the M text
   centroids; inner = each image (text) classified among the M image (text) centroids with tau'.
+- `memory_centroid_loss`: the same against a memory of all G concepts' centroids (DCCL, Pu et al. CVPR 2023;
+  the memory and its momentum update live in cglib/related/memory.py): the batch's groups are live, the rest
+  constant rows.
 - `clip_loss`: standard symmetric InfoNCE over all pairs (the baseline); `text_alignment_loss`: the same between
   two sets of texts (textual alignment pretraining, Sec. 3.2.4).
 
@@ -318,6 +321,79 @@ def centroid_group_loss(image_features: Tensor, text_features: Tensor, tau: Temp
 
     parts = _run_in_full_precision(image_features, text_features, text_ids, body)
     return _combine(parts["inner"], parts["outer"], alpha, alpha_on, return_parts)
+
+
+def _check_memory(memory_image: Tensor, memory_text: Tensor, group_index: Tensor, image_features: Tensor
+                  ) -> Tensor:
+    """Raise ValueError naming the problem when the memory or the group index cannot enter the memory loss."""
+    _check_features(memory_image, memory_text, ndims=(2,), names=("memory_image", "memory_text"))
+    if memory_image.shape[1] != image_features.shape[-1]:
+        raise ValueError(f"memory rows have {memory_image.shape[1]} dimensions but the features have "
+                         f"{image_features.shape[-1]}; build the memory from the same model")
+    if not isinstance(group_index, Tensor) or group_index.is_floating_point() or group_index.dtype == torch.bool:
+        raise ValueError("group_index must be an integer tensor: each group's row in the memory")
+    if tuple(group_index.shape) != (image_features.shape[0],):
+        raise ValueError(f"group_index has shape {tuple(group_index.shape)}; it needs one memory row per group "
+                         f"({image_features.shape[0]},)")
+    return group_index.to(device=image_features.device, dtype=torch.long)
+
+
+def _memory_centroid_parts(image: Tensor, text: Tensor, memory: Tensor, index: Tensor, tau: Temperature,
+                           tau_inner: Temperature, ids: Tensor | None = None) -> dict[str, Tensor]:
+    """Eqs. 5-7 against all G concepts: memory (2, G, L) unit rows, the batch's rows `index` (M,) replaced live."""
+    m, n, dim = image.shape
+    g = memory.shape[1]
+    if bool((index < 0).any()) or bool((index >= g).any()) or len(torch.unique(index)) != m:
+        raise ValueError(f"group_index must hold distinct memory rows in [0, {g}), got {index.tolist()}; "
+                         "a batch holds each group once")
+    features = torch.stack([image, text])  # (2, M, N, L)
+    centroids = F.normalize(features.mean(dim=2), dim=-1, eps=_EPS)  # Eq. 5, (2, M, L)
+    # the bank of every concept: memory rows (constants) with the batch's groups swapped for their live centroids
+    bank = memory.detach().index_copy(1, index, centroids)  # (2, G, L)
+    # Eq. 6: image centroids among all G text centroids ([0]), text centroids among all G image centroids ([1])
+    outer_logits = torch.bmm(centroids, bank.flip(0).transpose(1, 2)) / tau  # (2, M, G)
+    # Eq. 7: each image among all G image centroids, each text among all G text centroids
+    inner_logits = torch.bmm(features.reshape(2, m * n, dim), bank.transpose(1, 2)) / tau_inner  # (2, M*N, G)
+    if ids is not None:  # batch groups holding the same texts are not each other's negatives (memory rows: no ids)
+        mask = torch.zeros(m, g, dtype=torch.bool, device=image.device)
+        mask[:, index] = _same_groups(ids)
+        outer_logits = outer_logits.masked_fill(mask, float("-inf"))
+        inner_logits = inner_logits.masked_fill(mask.repeat_interleave(n, dim=0), float("-inf"))
+    outer = F.cross_entropy(outer_logits.reshape(2 * m, g), index.repeat(2))
+    inner = F.cross_entropy(inner_logits.reshape(2 * m * n, g), index.repeat_interleave(n).repeat(2))
+    return {"inner": inner, "outer": outer, "centroids": centroids.detach(), "group_index": index}
+
+
+def memory_centroid_loss(image_features: Tensor, text_features: Tensor, memory_image: Tensor, memory_text: Tensor,
+                         group_index: Tensor, tau: Temperature = 0.1, tau_inner: Temperature = 0.1,
+                         alpha: float = 0.7, *, alpha_on: AlphaOn = "inner", return_parts: bool = False,
+                         text_ids: Tensor | None = None) -> Tensor | dict[str, Tensor]:
+    """Centroid group loss (Eqs. 5-8) of (M, N, L) features against a memory of all G concepts (DCCL, Pu et al.).
+
+    `memory_image`, `memory_text` (G, L): every concept's image and text centroid (normalized here, never
+    differentiated); `group_index` (M,): each batch group's memory row, where its live centroid (with gradient)
+    replaces the memory's. Outer: each batch image (text) centroid among all G text (image) centroids; inner: each
+    image (text) among all G image (text) centroids. With G = M and the memory holding the live centroids this is
+    `centroid_group_loss`. `text_ids` mask the batch's groups only (memory rows carry no ids). `return_parts` gives
+    {loss, inner, outer, centroids, group_index}: the last two, the detached (2, M, L) image/text centroids and
+    the row indices of the whole (rank-gathered) batch, are what `ConceptMemory.stage` takes.
+    """
+    _check_features(image_features, text_features, ndims=(3,))
+    group_index = _check_memory(memory_image, memory_text, group_index, image_features)
+    text_ids = _check_text_ids(text_ids, text_features)
+    tau, tau_inner = _check_temperature(tau, "tau"), _check_temperature(tau_inner, "tau_inner")
+    _check_weighting(alpha, alpha_on)
+    index = gather_groups(group_index)
+
+    def body(image: Tensor, text: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
+        memory = _unit(torch.stack([memory_image, memory_text]).detach().to(image.dtype))
+        return _memory_centroid_parts(image, text, memory, index, tau, tau_inner, ids)
+
+    parts = _run_in_full_precision(image_features, text_features, text_ids, body)
+    if not return_parts:
+        return _combine(parts["inner"], parts["outer"], alpha, alpha_on, False)
+    return {**_combine(parts["inner"], parts["outer"], alpha, alpha_on, True),
+            "centroids": parts["centroids"], "group_index": parts["group_index"]}
 
 
 def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1, *,

@@ -201,3 +201,39 @@ def ref_radial_embedding_loss(root: Tensor, positives: Tensor, negatives: Tensor
     return {"loss": w_mean * mean + w_minimax * minimax + w_reg * reg, "mean": mean, "minimax": minimax,
             "reg": reg, "angle_pos": sum(t[1] for t in triplets) / len(triplets),
             "angle_neg": sum(t[2] for t in triplets) / len(triplets)}
+
+
+def ref_memory_centroid_loss(image: Tensor, text: Tensor, memory_image: Tensor, memory_text: Tensor,
+                             index: list[int], tau: float, tau_inner: float, alpha: float, alpha_on: str = "inner",
+                             ids=None) -> Tensor:
+    """Eqs. 5-8 against all G concepts: concept c is the live centroid of the batch group g with index[g] == c,
+    else memory row c; each batch anchor's positive is its own group's row, its candidates are all G rows except
+    the rows of other batch groups holding the same texts."""
+    ids = _as_lists(ids)
+    m, n = image.shape[:2]
+    g_all = memory_image.shape[0]
+    live = {index[g]: g for g in range(m)}
+    image_centroids, text_centroids = ref_centroids(image), ref_centroids(text)
+    bank_image = [image_centroids[live[c]] if c in live else memory_image[c] for c in range(g_all)]
+    bank_text = [text_centroids[live[c]] if c in live else memory_text[c] for c in range(g_all)]
+
+    def kept(g: int, c: int) -> bool:  # candidate concept c for an anchor of batch group g
+        return c not in live or not _same_group(ids, g, live[c])
+
+    outer = image.new_zeros(())
+    for anchors, bank in ((image_centroids, bank_text), (text_centroids, bank_image)):
+        for g in range(m):
+            outer = outer - torch.log(torch.exp(cos(anchors[g], bank[index[g]]) / tau)
+                                      / sum(torch.exp(cos(anchors[g], bank[c]) / tau) for c in range(g_all)
+                                            if kept(g, c)))
+    outer = outer / (2 * m)
+    inner = image.new_zeros(())
+    for features, bank in ((image, bank_image), (text, bank_text)):
+        units = _units(features)
+        for g in range(m):
+            for i in range(n):
+                inner = inner - torch.log(torch.exp(cos(units[g][i], bank[index[g]]) / tau_inner)
+                                          / sum(torch.exp(cos(units[g][i], bank[c]) / tau_inner)
+                                                for c in range(g_all) if kept(g, c)))
+    inner = inner / (2 * m * n)
+    return weighted(inner, outer, alpha, alpha_on)

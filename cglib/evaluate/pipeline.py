@@ -46,6 +46,7 @@ from cglib.config import ModelParams
 from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.evaluate import report
 from cglib.evaluate.bootstrap import Scores, intervals_and_differences, repeat_seeds, stack_seeds
+from cglib.evaluate.clustering import clustering_scores, seen_concepts
 from cglib.evaluate.embeddings import (
     Embeddings,
     EmbeddingStore,
@@ -549,6 +550,9 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
             excluded[("forced_choice", f.labels, direction, "accuracy", f.key)] = n_out
 
     hc = _load_hierarcaps(run, magic, image_size, progress) if p.hierarcaps else None
+    # eval.clustering: category discovery (clustering.py); which test concepts have training images, per level
+    seen = seen_concepts(magic, ground_truth, items.levels) if p.clustering else None
+    clustering_info: dict[str, dict] = {}
     # why a model saw evaluation strings, as its training summary says (older summaries: textual pretraining)
     exposure = {f"{m['name']}|*": "; ".join(m.get("exposure") or
                                             ["trained with the l1-l4 concept names (textual pretraining)"])
@@ -602,6 +606,11 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
                           fingerprints)
         model_scores, seeds_values = _score_magic(items, emb, fc_sets, p.recall_at, p.coco_retrieval,
                                                   p.bootstrap_unit)
+        if seen is not None:
+            test_images = emb.images[np.array([emb.image_index[i] for i in items.image_ids])]
+            cluster_scores, clustering_info[label] = clustering_scores(items, test_images, seen, p.seeds,
+                                                                       p.bootstrap_unit)
+            model_scores.update(cluster_scores)
         if hc is not None:
             emb_hc = store.embed(label, "hierarcaps", bundle, hc["ids"], hc_pix["source"], hc_pix["pixels"],
                                  hc["texts"], fingerprints)
@@ -650,6 +659,12 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
             "include_train": hc["include_train"], "left_out_train": hc["left_out_train"],
             "per_model": hc_info},
         "per_seed": per_seed,
+        "clustering": None if seen is None else {
+            "protocol": "k-means (faiss, one run per eval.seeds) of the test images' embeddings per level, k = the "
+                        "level's concepts among the test images; clustering accuracy under the Hungarian matching "
+                        "on all images, split into seen and held-out concepts; CIs are conditional on the matching "
+                        "(cglib/evaluate/clustering.py)",
+            "per_model": clustering_info},
         "embeddings_computed": {**run_store.computed, **own_store.computed},
     }
     info["reading"] = report.read_results(metrics, differences, EvalResults(

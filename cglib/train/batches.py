@@ -17,14 +17,16 @@ class GroupBatchData(torch.utils.data.Dataset):
 
     Every item carries `text_ids`, this rank's (m*n,) slice of ids over the WHOLE batch's distinct texts (equal id
     = identical string, the same on every rank), which the losses use to keep identical texts from being each
-    other's negatives. Each rank keeps its own groups; a DataLoader may run this in worker processes (the cache
-    is a memmap).
+    other's negatives, and `group_index`, each of this rank's groups' position in `sampler.groups` (its row of a
+    concept memory, cglib/related/memory.py). Each rank keeps its own groups; a DataLoader may run this in worker
+    processes (the cache is a memmap).
     """
 
     def __init__(self, sampler: GroupBatchSampler, cache: ImageCache, epoch: int, start: int, info: DistInfo,
                  text_rows: dict[str, int] | None, tokenizer: Callable | None) -> None:
         self.sampler, self.cache, self.epoch, self.start, self.info = sampler, cache, epoch, start, info
         self.text_rows, self.tokenizer = text_rows, tokenizer
+        self.group_rows = {g: k for k, g in enumerate(sampler.groups)}  # memory row of each group (memory.py)
 
     def __len__(self) -> int:
         return len(self.sampler) - self.start
@@ -39,7 +41,9 @@ class GroupBatchData(torch.utils.data.Dataset):
         item: dict[str, Any] = {"pixels": torch.from_numpy(self.cache.get(ids)), "m": m, "n": n,
                                 "index": self.start + i, "fallback_groups": full.n_fallback,
                                 "repeated_images": full.repeated_images, "global_images": len(full.groups) * n,
-                                "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long)}
+                                "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long),
+                                "group_index": torch.tensor([self.group_rows[g] for g in batch.groups],
+                                                            dtype=torch.long)}
         if self.text_rows is not None:
             item["text_rows"] = torch.tensor([self.text_rows[t] for t in texts], dtype=torch.long)
         else:  # trainable text tower: tokenize each distinct text once

@@ -180,14 +180,18 @@ class RunFiles:
         check_resume_precision(path, state.get("precision"), self.precision)
         return state
 
-    def save_checkpoint(self, bundle: Any, progress: dict[str, Any], rng: dict[str, Any], stepper: Any) -> None:
-        """Write last.pt: the trained weights, optimizer/scheduler/scaler, position, RNG, device and AMP dtype."""
+    def save_checkpoint(self, bundle: Any, progress: dict[str, Any], rng: dict[str, Any], stepper: Any,
+                        memory: Any = None) -> None:
+        """Write last.pt: the trained weights, optimizer/scheduler/scaler, position, RNG, device and AMP dtype
+        (and a concept memory's rows, cglib/related/memory.py, when the run has one)."""
         if not self.info.is_main:
             return
-        save_checkpoint(self.ckpt_dir / LAST, {
-            "version": CHECKPOINT_VERSION, "spec_hash": self.hash, "precision": self.precision,
-            "progress": progress, "model": self.trained_state(bundle),
-            "stepper": None if stepper is None else stepper.state_dict(), "rng": rng})
+        state = {"version": CHECKPOINT_VERSION, "spec_hash": self.hash, "precision": self.precision,
+                 "progress": progress, "model": self.trained_state(bundle),
+                 "stepper": None if stepper is None else stepper.state_dict(), "rng": rng}
+        if memory is not None:
+            state["memory"] = memory.state_dict()
+        save_checkpoint(self.ckpt_dir / LAST, state)
 
     def clear_outputs(self) -> None:
         """Remove a previous attempt's outputs before training from scratch."""

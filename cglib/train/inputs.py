@@ -68,7 +68,7 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 
 # Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
 # weights of earlier runs) unchanged.
-RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None}
+RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None, "memory_momentum": None}
 RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
 
 

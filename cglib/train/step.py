@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -22,13 +22,28 @@ from cglib.train.distributed import DistInfo
 from cglib.train.faults import defer_interrupts, finite
 from cglib.train.optim import build_optimizer, warmup_cosine
 
+if TYPE_CHECKING:
+    from cglib.related.memory import ConceptMemory
+
 
 def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[str, Any],
-               text_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+               text_ids: torch.Tensor | None = None, memory: ConceptMemory | None = None,
+               group_index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The run's objective on (M, N, L) features: {loss} for clip, {loss, inner, outer} for the group losses.
 
     `text_ids` (M, N): equal ids mark identical strings, which the loss never treats as each other's negatives.
+    A centroid run with `memory_momentum` needs `memory` and each group's memory row `group_index` (M,): the
+    batch's centroids are staged in the memory, which the trainer commits after the optimizer step.
     """
+    if spec.get("memory_momentum") is not None:
+        if loss != "centroid" or memory is None or group_index is None:
+            raise ValueError("a run with memory_momentum needs loss: centroid, its ConceptMemory and the batch's "
+                             "group_index (cglib.related.memory; the trainer builds them)")
+        parts = losses.memory_centroid_loss(image, text, memory.image, memory.text, group_index, spec["tau"],
+                                            spec["tau_inner"], spec["alpha"], alpha_on=spec["alpha_on"],
+                                            return_parts=True, text_ids=text_ids)
+        memory.stage(parts.pop("group_index"), parts.pop("centroids"))
+        return parts
     if loss == "clip":
         return {"loss": losses.clip_loss(image, text, tau=spec["tau"], text_ids=text_ids)}
     if loss == "pairwise":
@@ -42,8 +57,8 @@ def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[st
 
 
 def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, Any], run: dict[str, Any],
-                    text_table: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Loss of one group batch item (as built by GroupBatchData) on this rank's groups."""
+                    text_table: torch.Tensor | None, memory: ConceptMemory | None = None) -> dict[str, torch.Tensor]:
+    """Loss of one group batch item (as built by GroupBatchData) on this rank's groups (`memory`: see batch_loss)."""
     device = bundle.device
     images = pixels_to_tensor(item["pixels"].to(device, non_blocking=True), bundle)
     tokens = None if text_table is not None else item["tokens"].to(device, non_blocking=True)
@@ -55,7 +70,9 @@ def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, 
     m, n = item["m"], item["n"]
     ids = item.get("text_ids")
     ids = None if ids is None else ids.to(device).reshape(m, n)
-    return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids)
+    index = item.get("group_index") if memory is not None else None
+    return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids, memory,
+                      None if index is None else index.to(device))
 
 
 def set_trainable(bundle: ClipModel, image: bool, text: bool) -> None:

@@ -21,6 +21,7 @@ from cglib import losses
 from cglib.config import TrainRunParams
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.models import ClipModel, Towers, encode_texts, tokenize
+from cglib.related.memory import ConceptMemory, initial_memory
 from cglib.run import RunContext, seed_everything
 from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.checkpoint import Progress, RunFiles
@@ -66,6 +67,7 @@ class Trainer:
         self.n_precomputed = 0
         self.re_info: dict[str, Any] | None = None
         self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
+        self.memory: ConceptMemory | None = None  # the concept memory of a memory_momentum run (related/memory.py)
 
     def _mark(self, stepper: Stepper | None) -> None:
         """Remember the position after a completed optimizer step (cheap: counters and RNG, no weights)."""
@@ -74,7 +76,7 @@ class Trainer:
 
     def _save_boundary(self) -> None:
         if self.boundary is not None:
-            self.files.save_checkpoint(self.bundle, *self.boundary)
+            self.files.save_checkpoint(self.bundle, *self.boundary, memory=self.memory)
 
     # ------------------------------------------------------------------------------------ main
     def __call__(self) -> dict[str, Any]:
@@ -309,6 +311,8 @@ class Trainer:
         s.compute_s += time.perf_counter() - tick - wait
         s.fallback_batches += sum(1 for item in items if item["fallback_groups"])
         s.repeated_images += sum(item["repeated_images"] for item in items)
+        if self.memory is not None:  # the memory moves with the weights: a skipped step changes neither
+            self.memory.discard() if result.get("skipped") else self.memory.commit()
         self._mark(stepper)
 
     def _text_table(self, sampler: GroupBatchSampler) -> tuple[dict[str, int] | None, torch.Tensor | None]:
@@ -317,6 +321,26 @@ class Trainer:
         texts = sampler.all_texts()
         table = torch.from_numpy(encode_texts(self.bundle, texts)).to(self.device)
         return {t: k for k, t in enumerate(texts)}, table
+
+    def _memory(self, sampler: GroupBatchSampler, ckpt: dict[str, Any] | None) -> ConceptMemory | None:
+        """The run's concept memory (memory_momentum): from the checkpoint, else encoded at the starting weights."""
+        momentum = self.entry.memory_momentum
+        if momentum is None:
+            return None
+        saved = None if ckpt is None else ckpt.get("memory")
+        if saved is not None:
+            memory = ConceptMemory.from_state_dict(saved)
+            if len(memory) != len(sampler.groups):
+                raise ValueError(f"{self.files.ckpt_dir} holds a memory of {len(memory)} groups but the run trains "
+                                 f"{len(sampler.groups)}; delete it (or set train.resume: false) to start over")
+        elif ckpt is not None and ckpt["progress"]["step"] > 0:
+            raise ValueError(f"{self.files.ckpt_dir} holds no concept memory for run {self.entry.name!r}; delete "
+                             "it (or set train.resume: false) to start over")
+        else:  # a fresh image-text phase: the rows of the starting (or textually pretrained) weights
+            memory = initial_memory(self.bundle, sampler, self.inputs.cache, momentum)
+        memory.to(self.device).broadcast()  # DDP: every rank starts from rank 0's rows (then updates identically)
+        self.sampler_info = {**(self.sampler_info or {}), "memory": {"groups": len(memory), "momentum": momentum}}
+        return memory
 
     def _train(self, ckpt: dict[str, Any] | None) -> None:
         t, info = self.t, self.info
@@ -335,13 +359,14 @@ class Trainer:
         self.bundle.model.train()
         text_rows, table = self._text_table(sampler)
         self.n_precomputed = 0 if table is None else len(table)
+        self.memory = self._memory(sampler, ckpt)
         module = wrap(Towers(self.bundle.model), info)
         stepper = self._stepper(module, t.lr, total, "train", ckpt)
         spec = self.spec["run"]
         self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs")
 
         def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
-            return group_step_loss(module, self.bundle, item, spec, table)
+            return group_step_loss(module, self.bundle, item, spec, table, self.memory)
 
         bar = self._bar(total, "image-text")
         while self.state.epoch < t.epochs:

@@ -1,0 +1,1 @@
+"""Related methods beside CLEAR GLASS (memory banks, baselines from neighbouring papers)."""
