@@ -39,7 +39,8 @@ class GroupBatchData(torch.utils.data.Dataset):
         item: dict[str, Any] = {"pixels": torch.from_numpy(self.cache.get(ids)), "m": m, "n": n,
                                 "index": self.start + i, "fallback_groups": full.n_fallback,
                                 "repeated_images": full.repeated_images, "global_images": len(full.groups) * n,
-                                "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long)}
+                                "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long),
+                                "groups": list(batch.groups)}  # this rank's node ids (loss: mcc reads concepts)
         if self.text_rows is not None:
             item["text_rows"] = torch.tensor([self.text_rows[t] for t in texts], dtype=torch.long)
         else:  # trainable text tower: tokenize each distinct text once

@@ -1,0 +1,1 @@
+"""Related methods reimplemented beside CLEAR GLASS (issue #21): their heads and helpers."""
