@@ -122,3 +122,25 @@ def test_a_run_refuses_inputs_of_other_groups(tmp_path):
     runs = [{"name": "ng", "loss": "clip", "groups": "ngram", "text_source": "original"}]
     with pytest.raises(ParamsError, match="tune a groups: magic run"):
         parse_params({"train": {"runs": runs}, "search": {"run": "ng"}}, tmp_path)
+
+
+def test_an_mcc_run_after_textual_pretraining_resumes_bit_exactly(tmp_path):
+    """With textual pretraining first, the concept embeddings come from the run's starting text tower (not the
+    pretrained one), so a run interrupted in pretraining and again mid image-text epoch ends exactly as an
+    uninterrupted one (weights, log, head)."""
+    runs = [{"name": "mccp", "loss": "mcc", "pretrain": "leakage_free"}]
+    whole = make_run(tmp_path / "whole", runs=runs)
+    summary = train_one(whole, "mccp", progress=False)
+    pre_steps = summary["pretrain_steps"]
+    assert pre_steps >= 2
+    parts = make_run(tmp_path / "parts", runs=runs)
+    with pytest.raises(KeyboardInterrupt):
+        train_one(parts, "mccp", progress=False, on_step=_interrupt_at(1))
+    with pytest.raises(KeyboardInterrupt):
+        train_one(parts, "mccp", progress=False, on_step=_interrupt_at(pre_steps + 3))
+    assert train_one(parts, "mccp", progress=False)["resumed_from_step"] == pre_steps + 3
+    expected, expected_log = _final_and_log(whole, "mccp")
+    got, got_log = _final_and_log(parts, "mccp")
+    assert all(torch.equal(expected[k], got[k]) for k in expected) and got_log == expected_log
+    heads = [load_file(str(r.dir / "training" / "mccp" / "mcc_head.safetensors")) for r in (whole, parts)]
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])

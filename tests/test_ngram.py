@@ -75,8 +75,8 @@ def test_mining_a_planted_caption_set_gives_exactly_the_expected_groups():
 
 
 def test_each_image_gets_its_rarest_group_and_small_groups_give_theirs_back():
-    """Rule 3: the rarest group (ties: the longer n-gram) wins; a group left below min_images is removed one at a
-    time and its images move to their next rarest group (here 'cake' keeps none, 'blue' takes both blue cakes)."""
+    """Rule 3: groups take their images rarest first (ties: the longer n-gram); a group left with fewer than
+    min_images untaken images takes none (here 'cake': 'green cake' and 'blue' took all of its images)."""
     groups = {"balloon": ids(0, 8), "red balloon": ids(0, 5), "cake": ids(8, 4) + ids(14, 2),
               "green cake": ids(8, 4), "blue": ids(12, 4)}
     attached, removed = attach_images(groups, min_images=3)
@@ -84,7 +84,7 @@ def test_each_image_gets_its_rarest_group_and_small_groups_give_theirs_back():
     expected = {**dict.fromkeys(ids(0, 5), "red balloon"), **dict.fromkeys(ids(5, 3), "balloon"),
                 **dict.fromkeys(ids(8, 4), "green cake"), **dict.fromkeys(ids(12, 4), "blue")}
     assert attached == expected
-    # with min_images 4 'balloon' (3 attached) goes too: its images fall back to nothing rarer and are uncovered
+    # with min_images 4 'balloon' (3 images left by 'red balloon') takes none: those 3 images are uncovered
     attached, removed = attach_images(groups, min_images=4)
     assert removed == ["cake", "balloon"] and not set(ids(5, 3)) & set(attached)
 

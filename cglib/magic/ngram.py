@@ -13,11 +13,12 @@ runs train on original captions. The rules, in order:
    with df > `ngram.max_document_fraction` x train images is too frequent (listed in the stats). N-grams with
    exactly the same image set are one group, named by the longest (ties: alphabetically first); the others are
    recorded as its aliases. What remains are the mined groups.
-3. One l1 group per image (the schema attaches an image to one l1 node): an image's l1 group is its RAREST
-   mined group (smallest df, then longest, then alphabetical): the most specific concept it shows. Then, one
-   at a time, the l1 group with the fewest attached images (ties: the rarer) is removed while it has fewer than
-   min_images, and its images move to their next rarest group, until every l1 group keeps min_images; an image
-   with no group left is counted as uncovered (`skipped`). Removed groups may still be nodes above l1.
+3. One l1 group per image (the schema attaches an image to one l1 node): the most specific group that stands
+   on its own. Groups are visited rarest first (smallest df, then longest, then alphabetical); each takes those
+   of its images that no rarer group took, and becomes an l1 group when they are at least min_images (else it
+   takes none and is listed in `removed_from_l1`; it may still be a node above l1). An image no group took is
+   counted as uncovered (`skipped`). (Measured on the synthetic world: 98.6% of train images covered, against
+   76% when every image first took its rarest group and under-filled groups were removed afterwards.)
 4. Levels by nesting. The nesting parent of a group is the mined group whose n-gram is the longest proper
    contiguous sub-sequence of its words (ties: fewest images, then alphabetical): "red balloon" -> "balloon".
    Its images are a superset by construction. An l1 group's chain is the group, its parent, the parent's
@@ -148,48 +149,20 @@ def mine_ngrams(captions: dict[str, list[str]], n_max: int, min_images: int, max
 
 
 def attach_images(groups: dict[str, list[str]], min_images: int) -> tuple[dict[str, str], list[str]]:
-    """Rule 3: each image's l1 group (image id -> n-gram) and the groups removed from l1, in removal order.
+    """Rule 3: each image's l1 group (image id -> n-gram) and the groups that are not l1 groups, in rank order.
 
-    Every image starts on its rarest group; then, one at a time, the group with the fewest attached images (ties:
-    the rarer) is removed while it has fewer than min_images, and its images move to their next rarest group
-    still in place (removing one group only ever adds images to the others, so the result does not depend on
-    how many are removed per round; one at a time keeps a group that its neighbours' removal would fill).
+    Groups are visited rarest first (fewest images, then longest, then alphabetical); a group takes those of its
+    images that no rarer group took, and is kept when they are at least min_images, else it takes none. So an
+    image lies in its most specific group that can hold min_images images on their own.
     """
-    import heapq
-
-    rank = {g: _rank(g, len(ids)) for g, ids in groups.items()}
-    options: dict[str, list[str]] = {}
-    for g, ids in groups.items():
-        for image_id in ids:
-            options.setdefault(image_id, []).append(g)
-    for choices in options.values():
-        choices.sort(key=rank.__getitem__)
-    position = dict.fromkeys(options, 0)  # index of each image's current group in its options
-    members: dict[str, set[str]] = {g: set() for g in groups}
-    for image_id, choices in options.items():
-        members[choices[0]].add(image_id)
-    heap = [(len(members[g]), rank[g], g) for g in groups]
-    heapq.heapify(heap)
-    alive, removed = set(groups), []
-    while heap:
-        size, _, g = heapq.heappop(heap)
-        if g not in alive or size != len(members[g]):
-            continue  # a stale entry: the group was removed, or has grown since
-        if size >= min_images:
-            break  # the smallest group left is large enough: so are all others
-        alive.discard(g)
-        removed.append(g)
-        for image_id in sorted(members.pop(g)):
-            choices = options[image_id]
-            k = position[image_id] + 1
-            while k < len(choices) and choices[k] not in alive:
-                k += 1
-            position[image_id] = k
-            if k < len(choices):
-                target = choices[k]
-                members[target].add(image_id)
-                heapq.heappush(heap, (len(members[target]), rank[target], target))
-    attached = {i: g for g in sorted(alive) for i in members[g]}
+    attached: dict[str, str] = {}
+    removed: list[str] = []
+    for g in sorted(groups, key=lambda name: _rank(name, len(groups[name]))):
+        free = [i for i in groups[g] if i not in attached]
+        if len(free) >= min_images:
+            attached.update(dict.fromkeys(free, g))
+        else:
+            removed.append(g)
     return dict(sorted(attached.items())), removed
 
 

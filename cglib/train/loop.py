@@ -21,6 +21,13 @@ Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M
 the variant options (alpha_on, normalize_products) from the run entry or `train`. Every loss receives the
 batch's text ids: two identical strings are never each other's negatives. "re" is the HierarCaps baseline
 (re_run.py): Radial Embedding alignment of the text tower alone on `train.re_data`'s items, no image-text phase.
+"mcc" (C3) adds to CLIP's InfoNCE a supervised contrastive term between the images of each group in a space
+conditioned on the group's concept name by a training-only head (cglib.related.mcc_head, kept in last.pt and in
+<name>/mcc_head.safetensors; the evaluated model is the CLIP model alone).
+
+Groups (`train.runs[i].groups`): magic (the MAGIC l1 nodes) or ngram (caption n-grams shared by enough
+MAGIC-train images, magic/ngram.json, built from magic.json on first use by cglib.magic.ngram.build_ngram_groups;
+such runs train on the images' original captions).
 A run starts from the initial weights, or with `init: NAME` from the final weights of an earlier run (trained
 first if needed), whose exposure to evaluation strings it inherits.
 

@@ -1,8 +1,9 @@
 """One optimizer step: the run's objective on a group batch, and AdamW + warmup-cosine + AMP + clipping.
 
 Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M*N pairs of the group batch;
-"pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and the variant options. Every loss
-gets the batch's `text_ids` (equal ids = identical strings), so two identical texts are never each other's
+"pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and the variant options; "mcc" (C3) is
+"clip" + train.mcc_weight x `losses.mcc_loss` on the groups' concept-head vectors (cglib.related.mcc_head). Every
+loss gets the batch's `text_ids` (equal ids = identical strings), so two identical texts are never each other's
 negatives.
 """
 

@@ -332,7 +332,11 @@ class Trainer:
                              "is not synchronized across ranks); run it without torchrun")
         if self.t.pairs_per_group < 2:
             raise ValueError("loss mcc contrasts images within a group: set train.pairs_per_group >= 2")
-        start = self.bundle if self.state.global_step == 0 else self.files.fresh_model()
+        if self.state.global_step == 0:
+            start = self.bundle
+        else:
+            with torch.random.fork_rng(devices=[]):  # building a model draws init weights: keep the run's RNG stream
+                start = self.files.fresh_model()
         groups = list(sampler.groups)
         table = torch.from_numpy(encode_texts(start, [self.inputs.magic.nodes[g].name for g in groups]))
         bank = ConceptBank({g: k for k, g in enumerate(groups)}, table.to(self.device))
