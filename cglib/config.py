@@ -177,6 +177,24 @@ class MagicParams(Section):
         "or all (the paper's code: every image, test images included).")
 
 
+# ------------------------------------------------------------------------------------------- ngram
+class NgramParams(Section):
+    """The LLM-free group builder (cglib.magic.ngram): caption n-grams shared by enough MAGIC-train images."""
+
+    n_max: int = Field(3, ge=1, le=5, description="Longest n-gram mined (n = 1..n_max words).")
+    max_document_fraction: float = Field(
+        0.2, gt=0.0, le=1.0, description="N-grams in the captions of more than this fraction of the MAGIC-train "
+        "images are too frequent to name a concept and are removed (listed in ngram.json's stats).")
+    min_images: int | None = Field(None, ge=2, description="Fewest MAGIC-train images an n-gram group needs "
+                                   "(null = magic.size_min).")
+    stop_words: Literal["shipped", "sklearn"] = Field(
+        "shipped", description="An n-gram with a stop word is never a concept: shipped = a short list of function "
+        "words in cglib.magic.ngram; sklearn = scikit-learn's ENGLISH_STOP_WORDS (318 words, also 'fire', 'top', "
+        "'front' and number words).")
+    extra_stop_words: list[str] = Field(default_factory=list, description="More stop words (lower case), e.g. "
+                                        "caption template words such as 'photo'.")
+
+
 # ------------------------------------------------------------------------------------------- model
 class ModelParams(Section):
     source: Literal["open_clip", "hf"] = Field(
@@ -267,9 +285,15 @@ class ModelParams(Section):
 # ------------------------------------------------------------------------------------------- train
 class TrainRunParams(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
-    loss: Literal["clip", "pairwise", "centroid", "re"] = Field(
-        ..., description="Objective: clip, pairwise, centroid (on MAGIC image-text batches), or re (HierarCaps' Radial "
-        "Embedding alignment of the text tower alone, on train.re_data; the Table 3 HierarCaps row).")
+    loss: Literal["clip", "pairwise", "centroid", "re", "mcc"] = Field(
+        ..., description="Objective: clip, pairwise, centroid (on MAGIC image-text batches), re (HierarCaps' Radial "
+        "Embedding alignment of the text tower alone, on train.re_data; the Table 3 HierarCaps row), or mcc (C3: "
+        "CLIP's InfoNCE + train.mcc_weight x a SupCon loss between the images of each group, seen through a "
+        "trainable head of the group's concept-name embedding; cglib.losses.mcc_loss).")
+    groups: Literal["magic", "ngram"] = Field(
+        "magic", description="Which groups batches are drawn from: magic (the run's MAGIC l1 nodes) or ngram "
+        "(caption n-grams shared by enough MAGIC-train images, magic/ngram.json, built by "
+        "cglib.magic.ngram.build_ngram_groups; no generalized captions, so the run needs text_source: original).")
     init: str | None = Field(
         None, description="Starting weights: null = the initial (zero-shot) weights; else the name of an earlier "
         "entry of train.runs whose final weights this run starts from (e.g. HierarCaps fine-tuned: loss clip, "
@@ -313,6 +337,12 @@ class TrainRunParams(Section):
         if self.released is not None and self.loss != "re":
             raise ValueError(f"run {self.name!r}: released names HierarCaps' released weights, the weights of a loss: "
                              "re row; remove released, or set loss: re")
+        if self.groups == "ngram" and self.loss == "re":
+            raise ValueError(f"run {self.name!r}: loss re trains on concept chains, not on group batches; remove "
+                             "groups: ngram (or choose an image-text loss)")
+        if self.groups == "ngram" and self.pretrain != "none":
+            raise ValueError(f"run {self.name!r}: n-gram groups have no generalized captions to pretrain on; set "
+                             "pretrain: none (or groups: magic)")
         return self
 
 
@@ -385,6 +415,9 @@ class TrainParams(Section):
     re_w_mean: float = Field(1.0, ge=0, description="RE loss: weight of the mean term (paper: 1).")
     re_w_minimax: float = Field(1.0, ge=0, description="RE loss: weight of the mini-max term (paper: 1).")
     re_w_reg: float = Field(10.0, ge=0, description="RE loss: weight of the frozen-tower regularizer (paper: 10).")
+    mcc_weight: float = Field(1.0, ge=0, description="loss: mcc: weight of the MCC term added to CLIP's InfoNCE.")
+    mcc_hidden: int | None = Field(None, ge=1, description="loss: mcc: hidden width of the concept head's 2-layer "
+                                   "MLP (null = the joint embedding size).")
     seeds: list[int] = Field(
         default_factory=lambda: [0], description="Training seeds: every run (and the base) is trained once per "
         "seed. A training seed varies only initialization (the base, any new head) and batch order; run.seed keeps "
@@ -399,6 +432,14 @@ class TrainParams(Section):
             raise ValueError(f"train.seeds must be a non-empty list of distinct non-negative ints, got {seeds}; "
                              "e.g. [0, 1, 2]")
         return seeds
+
+    @model_validator(mode="after")
+    def _ngram_runs_use_original_captions(self) -> TrainParams:
+        for i, r in enumerate(self.runs):
+            if r.groups == "ngram" and (r.text_source or self.text_source) != "original":
+                raise ValueError(f"train.runs[{i}] ({r.name!r}) has groups: ngram, whose groups have no generalized "
+                                 "captions: set its text_source: original (or train.text_source: original)")
+        return self
 
     @field_validator("runs")
     @classmethod
@@ -636,6 +677,7 @@ class Params(Section):
     data: DataParams = Field(default_factory=DataParams)
     llm: LLMParams = Field(default_factory=LLMParams)
     magic: MagicParams = Field(default_factory=MagicParams)
+    ngram: NgramParams = Field(default_factory=NgramParams)
     model: ModelParams = Field(default_factory=ModelParams)
     train: TrainParams = Field(default_factory=TrainParams)
     eval: EvalParams = Field(default_factory=EvalParams)
@@ -675,6 +717,9 @@ class Params(Section):
         if entry.loss == "re":
             raise ValueError(f"search.run {name!r} has loss re, which trains the text tower alone with train.re_*; "
                              "tune an image-text run (loss clip, pairwise or centroid)")
+        if entry.groups != "magic":
+            raise ValueError(f"search.run {name!r} trains on groups: {entry.groups}, but the search's validation "
+                             "split is carved from MAGIC's groups; tune a groups: magic run")
         for key in ("tau", "alpha"):
             if getattr(entry, key) is not None and getattr(self.search.space, key) is not None:
                 raise ValueError(f"train.runs entry {name!r} overrides {key}, so a tuned train.{key} would not "
@@ -685,7 +730,7 @@ class Params(Section):
         if self.search.run is not None:
             return self.search.run
         for entry in self.train.runs:
-            if entry.loss != "re":
+            if entry.loss != "re" and entry.groups == "magic":
                 return entry.name
         raise ValueError("train.runs has no image-text run (loss clip, pairwise or centroid) to tune; add one "
                          "or set search.run")

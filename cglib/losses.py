@@ -429,3 +429,49 @@ def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1, 
         return {"loss": _symmetric_info_nce(a, b, tau, _identical_pairs(ids) if ids is not None else None)}
 
     return _run_in_full_precision(text_a, text_b, text_ids, body)["loss"]
+
+
+# ------------------------------------------------------------------------------------ MCC (C3, cglib.related)
+def mcc_loss(image_features: Tensor, concept_features: Tensor, tau: Temperature = 0.1) -> Tensor:
+    r"""MCC ("Capture Concept through Comparison"): images of a group compared in a space conditioned on its concept.
+
+    `image_features` (M, N, L): N images of each of M groups; `concept_features` (M, L): h_g, the vector of group
+    g's concept (in training, a trainable MLP of the concept name's frozen text embedding, cglib.related.mcc_head).
+    With I the unit image vectors and z^g = normalize(h_g * I) (element-wise: the concept re-weights the joint
+    space's dimensions), the images of group g are positives of each other and every image of another group is
+    a negative, in g's space (supervised contrastive, SupCon "out" form):
+
+        L = 1/(M N) sum_g sum_i  -1/(N-1) sum_{j != i} log( exp(<z^g_gi, z^g_gj> / tau)
+                                                            / sum_{(h,k) != (g,i)} exp(<z^g_gi, z^g_hk> / tau) )
+
+    Needs N >= 2 (positives). A group's repeated image (a group with fewer than N images) is its own positive at
+    another position. Numerics and the distributed gather follow the module's conventions (float32 or better,
+    autocast off; whole groups gathered from every rank, concept vectors with them).
+    """
+    _check_features(image_features, image_features, ndims=(3,), names=("image_features", "image_features"))
+    if not isinstance(concept_features, Tensor) or concept_features.ndim != 2 or not concept_features.is_floating_point():
+        raise ValueError("concept_features must be a floating-point (M groups, L) tensor, one vector per group")
+    m, n, dim = image_features.shape
+    if tuple(concept_features.shape) != (m, dim):
+        raise ValueError(f"concept_features {tuple(concept_features.shape)} must be (M, L) = {(m, dim)}: one vector "
+                         "per group, in the image features' space")
+    if n < 2:
+        raise ValueError("mcc_loss needs at least 2 images per group (its positives); set train.pairs_per_group >= 2")
+    if not bool(torch.isfinite(concept_features).all()):
+        raise ValueError("concept_features contains NaN or Inf; check the concept head")
+    tau = _check_temperature(tau, "tau")
+    with torch.autocast(device_type=image_features.device.type, enabled=False):
+        image = _unit(gather_groups(_full_precision(image_features, concept_features)))
+        concept = gather_groups(_full_precision(concept_features, image_features))
+        m, n, dim = image.shape
+        z = _unit(concept[:, None, None, :] * image[None])  # (M concepts, M groups, N, L): every image, every space
+        rows = torch.arange(m, device=image.device)
+        anchors = z[rows, rows]  # (M, N, L): group g's images in g's own space
+        logits = torch.bmm(anchors, z.reshape(m, m * n, dim).transpose(1, 2)) / tau  # (M, N, M*N)
+        own = torch.arange(n, device=image.device)
+        self_column = (rows[:, None] * n + own[None, :])[..., None] == torch.arange(m * n, device=image.device)
+        log_all = logits.masked_fill(self_column, float("-inf")).logsumexp(dim=-1)  # (M, N)
+        positives = torch.diagonal(logits.reshape(m, n, m, n), dim1=0, dim2=2).permute(2, 0, 1)  # (M, N_i, N_j)
+        log_prob = positives - log_all[..., None]
+        not_self = ~torch.eye(n, dtype=torch.bool, device=image.device)
+        return -(log_prob * not_self).sum(dim=-1).div(n - 1).mean()

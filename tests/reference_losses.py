@@ -237,3 +237,19 @@ def ref_memory_centroid_loss(image: Tensor, text: Tensor, memory_image: Tensor, 
                                                 for c in range(g_all) if kept(g, c)))
     inner = inner / (2 * m * n)
     return weighted(inner, outer, alpha, alpha_on)
+
+
+def ref_mcc_loss(image: Tensor, concept: Tensor, tau: float) -> Tensor:
+    """MCC (cglib.losses.mcc_loss) term by term: in group g's space z = unit(h_g * unit(I)), each image of g
+    against the other images of g (positives) over every other image of the batch (denominator)."""
+    m, n = image.shape[0], image.shape[1]
+    total = image.new_zeros(())
+    for g in range(m):
+        z = [[unit(concept[g] * unit(image[h, k])) for k in range(n)] for h in range(m)]
+        for i in range(n):
+            denominator = sum(torch.exp(torch.dot(z[g][i], z[h][k]) / tau)
+                              for h in range(m) for k in range(n) if (h, k) != (g, i))
+            for j in range(n):
+                if j != i:
+                    total = total - torch.log(torch.exp(torch.dot(z[g][i], z[g][j]) / tau) / denominator) / (n - 1)
+    return total / (m * n)

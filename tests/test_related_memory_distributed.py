@@ -43,7 +43,7 @@ def memory_steps(run_dir: Path, info: DistInfo) -> dict:
     data = GroupBatchData(sampler, inputs.cache, 0, 0, info, rows, None)
     losses = []
     for b in range(STEPS):
-        result = stepper.step([data[b]], lambda it: group_step_loss(module, bundle, it, spec, table, memory),
+        result = stepper.step([data[b]], lambda it: group_step_loss(module, bundle, it, spec, table, memory=memory),
                               lambda _: memory.commit())
         losses.append(result["loss"])
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in bundle.model.state_dict().items()},

@@ -1,1 +1,1 @@
-"""Related methods beside CLEAR GLASS (memory banks, baselines from neighbouring papers)."""
+"""Related methods beside CLEAR GLASS (issue #21): a momentum concept memory, the MCC concept head."""

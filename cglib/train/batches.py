@@ -43,7 +43,8 @@ class GroupBatchData(torch.utils.data.Dataset):
                                 "repeated_images": full.repeated_images, "global_images": len(full.groups) * n,
                                 "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long),
                                 "group_index": torch.tensor([self.group_rows[g] for g in batch.groups],
-                                                            dtype=torch.long)}
+                                                            dtype=torch.long),
+                                "groups": list(batch.groups)}  # this rank's node ids (loss: mcc reads concepts)
         if self.text_rows is not None:
             item["text_rows"] = torch.tensor([self.text_rows[t] for t in texts], dtype=torch.long)
         else:  # trainable text tower: tokenize each distinct text once

@@ -21,6 +21,7 @@ class TrainInputs:
     magic: MagicFile
     cache: ImageCache
     fingerprint: str  # hash of magic.json and the cache key: a checkpoint of other data is not resumed
+    groups: str = "magic"  # which groups `magic` holds: the run's MAGIC, or its n-gram groups (magic/ngram.json)
 
 
 def model_image_size(params: Params) -> int:
@@ -46,16 +47,40 @@ def model_image_size(params: Params) -> int:
 
 
 def load_inputs(run: RunContext, image_size: int | None = None, progress: bool = True,
-                info: DistInfo | None = None) -> TrainInputs:
-    """magic.json, and the image cache of its images at `image_size` (default: the model's input size)."""
+                info: DistInfo | None = None, groups: str = "magic") -> TrainInputs:
+    """magic.json, and the image cache of its images at `image_size` (default: the model's input size).
+
+    groups "ngram": the run's n-gram groups instead (magic/ngram.json, built by rank 0 when absent or out of
+    date, cglib.magic.ngram.build_ngram_groups) over the same image cache; the fingerprint hashes their content.
+    """
     image_size = image_size or model_image_size(run.params)
     magic_path = run.require("magic/magic.json", "03_magic_dag")
     dataset_dir = run.require("captions/dataset.json", "01_captions").parent
     magic = load_magic(magic_path)
     cache = magic_image_cache(run, magic, CaptionDataset.load(dataset_dir), image_size, progress, info)
     digest = hashlib.sha1(magic_path.read_bytes())
+    if groups == "ngram":
+        from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
+        from cglib.train import distributed
+
+        info = info or DistInfo()
+        if info.is_main:
+            build_ngram_groups(run)
+        distributed.barrier(info)
+        magic = load_magic(ngram_path(run))
+        digest = hashlib.sha1(f"ngram:{content_digest(magic)}".encode())
+    elif groups != "magic":
+        raise ValueError(f"unknown groups {groups!r}; use magic or ngram")
     digest.update(cache.directory.name.encode())
-    return TrainInputs(magic, cache, digest.hexdigest()[:16])
+    return TrainInputs(magic, cache, digest.hexdigest()[:16], groups)
+
+
+def inputs_for(run: RunContext, entry: TrainRunParams, inputs: TrainInputs | None, progress: bool = True,
+               info: DistInfo | None = None) -> TrainInputs:
+    """`inputs` when they hold the groups the run entry trains on (train.runs[i].groups), else those loaded."""
+    if inputs is not None and inputs.groups == entry.groups:
+        return inputs
+    return load_inputs(run, progress=progress, info=info, groups=entry.groups)
 
 
 def run_entry(params: Params, name: str) -> TrainRunParams:
@@ -68,8 +93,10 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 
 # Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
 # weights of earlier runs) unchanged.
-RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None, "memory_momentum": None}
+RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None, "memory_momentum": None,
+                                   "groups": "magic"}
 RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
+MCC_KEYS = ("mcc_weight", "mcc_hidden")  # in the spec of loss: mcc runs only
 
 
 def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
@@ -88,7 +115,8 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
-    train = t.model_dump(mode="json", exclude=exclude if entry.loss == "re" else exclude | set(RE_KEYS))
+    exclude |= set() if entry.loss == "re" else set(RE_KEYS)
+    train = t.model_dump(mode="json", exclude=exclude if entry.loss == "mcc" else exclude | set(MCC_KEYS))
     out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
     if entry.loss == "re" and t.re_data == "hierarcaps_train":
         from cglib.data.download import file_digest
@@ -119,6 +147,9 @@ def exposure(params: Params, entry: TrainRunParams) -> list[str]:
     if entry.loss == "re" and params.train.re_data == "magic":
         reasons.append("RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives "
                        "(train.re_data: magic)")
+    if entry.loss == "mcc" and entry.groups == "magic":
+        reasons.append("MCC conditions the image space on the l1 concept names (the l1 evaluation queries) through "
+                       "its concept head (loss: mcc on MAGIC groups)")
     if entry.init is not None:
         reasons += [f"from {entry.init}: {r}" for r in exposure(params, run_entry(params, entry.init))]
     return reasons

@@ -21,6 +21,13 @@ Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M
 the variant options (alpha_on, normalize_products) from the run entry or `train`. Every loss receives the
 batch's text ids: two identical strings are never each other's negatives. "re" is the HierarCaps baseline
 (re_run.py): Radial Embedding alignment of the text tower alone on `train.re_data`'s items, no image-text phase.
+"mcc" (C3) adds to CLIP's InfoNCE a supervised contrastive term between the images of each group in a space
+conditioned on the group's concept name by a training-only head (cglib.related.mcc_head, kept in last.pt and in
+<name>/mcc_head.safetensors; the evaluated model is the CLIP model alone).
+
+Groups (`train.runs[i].groups`): magic (the MAGIC l1 nodes) or ngram (caption n-grams shared by enough
+MAGIC-train images, magic/ngram.json, built from magic.json on first use by cglib.magic.ngram.build_ngram_groups;
+such runs train on the images' original captions).
 A run starts from the initial weights, or with `init: NAME` from the final weights of an earlier run (trained
 first if needed), whose exposure to evaluation strings it inherits.
 
@@ -69,7 +76,7 @@ from cglib.train import distributed
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
 from cglib.train.distributed import DistInfo
-from cglib.train.inputs import TrainInputs, load_inputs, model_image_size, run_entry, run_spec
+from cglib.train.inputs import TrainInputs, inputs_for, load_inputs, model_image_size, run_entry, run_spec
 from cglib.train.runlog import LOG_COLUMNS
 from cglib.train.step import Stepper, batch_loss, group_step_loss, set_trainable, wrap
 from cglib.train.summary import ZERO_SHOT, summary_table, weights_moved_note
@@ -174,11 +181,12 @@ def train_one(run: RunContext, name: str, *, inputs: TrainInputs | None = None, 
     entry = run_entry(run.params, name)
     info = info or distributed.current(run.device())
     ensure_initial(run, info, progress)
-    if inputs is None:
-        inputs = load_inputs(run, progress=progress, info=info)
-    if entry.init is not None and _finished(Trainer(run, run_entry(run.params, entry.init), inputs, info, None,
-                                                    progress)) is None:
-        train_one(run, entry.init, inputs=inputs, info=info, progress=progress)  # its final weights start this run
+    if entry.init is not None:
+        start = run_entry(run.params, entry.init)
+        if _finished(Trainer(run, start, inputs_for(run, start, inputs, progress, info), info, None,
+                             progress)) is None:
+            train_one(run, entry.init, inputs=inputs, info=info, progress=progress)  # its final weights start this run
+    inputs = inputs_for(run, entry, inputs, progress, info)  # the groups the run trains on (MAGIC or n-grams)
     trainer = Trainer(run, entry, inputs, info, on_step, progress)
     done = _finished(trainer) if run.params.train.resume else None
     if done is not None:
@@ -207,12 +215,17 @@ def train_all(run: RunContext, names: list[str] | None = None, progress: bool = 
         run_entry(run.params, name)  # fail before any work on a typo
     info = info or distributed.current(run.device())
     inputs = load_inputs(run, progress=progress, info=info)  # the data is the same under every training seed
+    by_groups = {"magic": inputs}  # runs with groups: ngram get theirs once, on first use
     out = {}
     for k in seeds if seeds is not None else run.params.train.seeds:
         seeded = run.for_training_seed(k)
         ensure_initial(seeded, info, progress)
         for name in names:
-            out[seed_label(name, k)] = train_one(seeded, name, inputs=inputs, info=info, progress=progress)
+            groups = run_entry(run.params, name).groups
+            if groups not in by_groups:
+                by_groups[groups] = load_inputs(run, progress=progress, info=info, groups=groups)
+            out[seed_label(name, k)] = train_one(seeded, name, inputs=by_groups[groups], info=info,
+                                                 progress=progress)
     return out
 
 

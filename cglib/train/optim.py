@@ -13,10 +13,13 @@ def _no_decay(name: str, param: torch.nn.Parameter) -> bool:
     return param.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, weight decay on matrices only (no biases, norms, logit scale)."""
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
+                    head: torch.nn.Module | None = None) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters (and a training-only `head`'s, after the model's), weight decay on
+    matrices only (no biases, norms, logit scale)."""
     decay, no_decay = [], []
-    for name, param in model.named_parameters():
+    named = list(model.named_parameters()) + (list(head.named_parameters(prefix="head")) if head else [])
+    for name, param in named:
         if param.requires_grad:
             (no_decay if _no_decay(name, param) else decay).append(param)
     if not decay and not no_decay:

@@ -1,8 +1,9 @@
 """One optimizer step: the run's objective on a group batch, and AdamW + warmup-cosine + AMP + clipping.
 
 Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M*N pairs of the group batch;
-"pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and the variant options. Every loss
-gets the batch's `text_ids` (equal ids = identical strings), so two identical texts are never each other's
+"pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and the variant options; "mcc" (C3) is
+"clip" + train.mcc_weight x `losses.mcc_loss` on the groups' concept-head vectors (cglib.related.mcc_head). Every
+loss gets the batch's `text_ids` (equal ids = identical strings), so two identical texts are never each other's
 negatives.
 """
 
@@ -28,8 +29,10 @@ if TYPE_CHECKING:
 
 def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[str, Any],
                text_ids: torch.Tensor | None = None, memory: ConceptMemory | None = None,
-               group_index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The run's objective on (M, N, L) features: {loss} for clip, {loss, inner, outer} for the group losses.
+               group_index: torch.Tensor | None = None, concepts: torch.Tensor | None = None
+               ) -> dict[str, torch.Tensor]:
+    """The run's objective on (M, N, L) features: {loss} for clip, {loss, inner, outer} for the group losses,
+    {loss, clip, mcc} for mcc (CLIP + spec["mcc_weight"] x MCC; `concepts` (M, L): the groups' head outputs).
 
     `text_ids` (M, N): equal ids mark identical strings, which the loss never treats as each other's negatives.
     A centroid run with `memory_momentum` needs `memory` and each group's memory row `group_index` (M,): the
@@ -44,6 +47,12 @@ def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[st
                                             return_parts=True, text_ids=text_ids)
         memory.stage(parts.pop("group_index"), parts.pop("centroids"))
         return parts
+    if loss == "mcc":
+        if concepts is None:
+            raise ValueError("loss mcc needs the groups' concept vectors (the concept head's outputs)")
+        clip = losses.clip_loss(image, text, tau=spec["tau"], text_ids=text_ids)
+        mcc = losses.mcc_loss(image, concepts, tau=spec["tau"])
+        return {"loss": clip + spec["mcc_weight"] * mcc, "clip": clip, "mcc": mcc}
     if loss == "clip":
         return {"loss": losses.clip_loss(image, text, tau=spec["tau"], text_ids=text_ids)}
     if loss == "pairwise":
@@ -53,12 +62,18 @@ def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[st
     if loss == "centroid":
         return losses.centroid_group_loss(image, text, spec["tau"], spec["tau_inner"], spec["alpha"],
                                           alpha_on=spec["alpha_on"], return_parts=True, text_ids=text_ids)
-    raise ValueError(f"unknown loss {loss!r}; use clip, pairwise or centroid")
+    raise ValueError(f"unknown loss {loss!r}; use clip, pairwise, centroid or mcc")
 
 
 def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, Any], run: dict[str, Any],
-                    text_table: torch.Tensor | None, memory: ConceptMemory | None = None) -> dict[str, torch.Tensor]:
-    """Loss of one group batch item (as built by GroupBatchData) on this rank's groups (`memory`: see batch_loss)."""
+                    text_table: torch.Tensor | None, *, memory: ConceptMemory | None = None,
+                    head: torch.nn.Module | None = None, bank: Callable[[list[str]], torch.Tensor] | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """Loss of one group batch item (as built by GroupBatchData) on this rank's groups.
+
+    `memory`: a memory_momentum run's concept memory (see batch_loss). loss mcc: `bank` maps the item's group ids
+    to their frozen concept embeddings, `head` maps those to the conditioning vectors (cglib.related.mcc_head).
+    """
     device = bundle.device
     images = pixels_to_tensor(item["pixels"].to(device, non_blocking=True), bundle)
     tokens = None if text_table is not None else item["tokens"].to(device, non_blocking=True)
@@ -70,9 +85,14 @@ def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, 
     m, n = item["m"], item["n"]
     ids = item.get("text_ids")
     ids = None if ids is None else ids.to(device).reshape(m, n)
+    concepts = None
+    if run["loss"] == "mcc":
+        if head is None or bank is None:
+            raise ValueError("loss mcc needs its concept head and concept bank (see Trainer._mcc_head)")
+        concepts = head(bank(item["groups"]).to(device))
     index = item.get("group_index") if memory is not None else None
     return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids, memory,
-                      None if index is None else index.to(device))
+                      None if index is None else index.to(device), concepts)
 
 
 def set_trainable(bundle: ClipModel, image: bool, text: bool) -> None:
@@ -96,10 +116,12 @@ class Stepper:
 
     def __init__(self, model: torch.nn.Module, module: torch.nn.Module, *, lr: float, weight_decay: float,
                  warmup_steps: int, total_steps: int, amp: torch.dtype | None, grad_clip: float,
-                 device: torch.device) -> None:
-        self.module, self.amp, self.grad_clip, self.device = module, amp, grad_clip, device
+                 device: torch.device, head: torch.nn.Module | None = None) -> None:
+        """`head`: a training-only module (loss: mcc's concept head) optimized, clipped and saved with the model."""
+        self.module, self.amp, self.grad_clip, self.device, self.head = module, amp, grad_clip, device, head
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(model, lr, weight_decay)
+        self.params += [p for p in head.parameters() if p.requires_grad] if head is not None else []
+        self.optimizer = build_optimizer(model, lr, weight_decay, head)
         self.scheduler = warmup_cosine(self.optimizer, warmup_steps, total_steps)
         # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op that still saves its state)
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
@@ -147,10 +169,18 @@ class Stepper:
         return result
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "scaler": self.scaler.state_dict()}
+        if self.head is not None:  # the head's weights change only with the optimizer's: saved together
+            state["head"] = {k: v.detach().cpu().clone() for k, v in self.head.state_dict().items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.head is not None:
+            if "head" not in state:
+                raise ValueError("the checkpoint has no concept-head weights for this loss: mcc run; delete its "
+                                 "last.pt (or set train.resume: false) to start over")
+            self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])

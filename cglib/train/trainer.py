@@ -21,6 +21,7 @@ from cglib import losses
 from cglib.config import TrainRunParams
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.models import ClipModel, Towers, encode_texts, tokenize
+from cglib.related.mcc_head import ConceptBank, ConceptHead, build_head
 from cglib.related.memory import ConceptMemory, initial_memory
 from cglib.run import RunContext, seed_everything
 from cglib.train.batches import GroupBatchData, batch_loader
@@ -68,6 +69,10 @@ class Trainer:
         self.re_info: dict[str, Any] | None = None
         self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
         self.memory: ConceptMemory | None = None  # the concept memory of a memory_momentum run (related/memory.py)
+        if inputs.groups != entry.groups:
+            raise ValueError(f"run {entry.name!r} trains on groups: {entry.groups}, but these inputs hold "
+                             f"{inputs.groups} groups; load them with load_inputs(run, groups={entry.groups!r}) "
+                             "(train_one and train_all do)")
 
     def _mark(self, stepper: Stepper | None) -> None:
         """Remember the position after a completed optimizer step (cheap: counters and RNG, no weights)."""
@@ -141,11 +146,11 @@ class Trainer:
         self.warmup_used[phase] = warmup
         return warmup
 
-    def _stepper(self, module: torch.nn.Module, lr: float, total: int, phase: str, ckpt: dict[str, Any] | None
-                 ) -> Stepper:
+    def _stepper(self, module: torch.nn.Module, lr: float, total: int, phase: str, ckpt: dict[str, Any] | None,
+                 head: torch.nn.Module | None = None) -> Stepper:
         stepper = Stepper(self.bundle.model, module, lr=lr, weight_decay=self.t.weight_decay,
                           warmup_steps=self._warmup(total, phase), total_steps=total, amp=self.amp,
-                          grad_clip=self.t.grad_clip, device=self.device)
+                          grad_clip=self.t.grad_clip, device=self.device, head=head)
         if ckpt is not None:
             if ckpt["stepper"] is not None:  # None: saved between phases, the new phase starts a fresh optimizer
                 stepper.load_state_dict(ckpt["stepper"])
@@ -342,6 +347,30 @@ class Trainer:
         self.sampler_info = {**(self.sampler_info or {}), "memory": {"groups": len(memory), "momentum": momentum}}
         return memory
 
+    def _mcc_head(self, sampler: GroupBatchSampler) -> tuple[ConceptHead, ConceptBank]:
+        """loss: mcc: the concept head (seeded by the training seed) and the training groups' concept embeddings,
+        their node names encoded once by the run's STARTING text tower (also when resuming, or after textual
+        pretraining changed the tower: the head's input never depends on where a run was interrupted)."""
+        if self.info.world_size > 1:
+            raise ValueError(f"run {self.entry.name!r} (loss: mcc) trains on one process for now (its concept head "
+                             "is not synchronized across ranks); run it without torchrun")
+        if self.t.pairs_per_group < 2:
+            raise ValueError("loss mcc contrasts images within a group: set train.pairs_per_group >= 2")
+        if self.state.global_step == 0:
+            start = self.bundle
+        else:
+            with torch.random.fork_rng(devices=[]):  # building a model draws init weights: keep the run's RNG stream
+                start = self.files.fresh_model()
+        groups = list(sampler.groups)
+        table = torch.from_numpy(encode_texts(start, [self.inputs.magic.nodes[g].name for g in groups]))
+        bank = ConceptBank({g: k for k, g in enumerate(groups)}, table.to(self.device))
+        head = build_head(table.shape[1], self.t.mcc_hidden, self.run.train_seed).to(self.device)
+        head.train()
+        self.sampler_info["mcc"] = {"concepts": len(groups), "weight": self.t.mcc_weight,
+                                    "hidden": self.t.mcc_hidden or table.shape[1], "tau": self.spec["run"]["tau"],
+                                    "concept_source": "node names, the run's starting text tower"}
+        return head, bank
+
     def _train(self, ckpt: dict[str, Any] | None) -> None:
         t, info = self.t, self.info
         sampler = GroupBatchSampler(self.inputs.magic, t.groups_per_batch, t.pairs_per_group,
@@ -353,20 +382,25 @@ class Trainer:
         if self.entry.loss != "clip" and t.groups_per_batch < 2:
             raise ValueError(f"the {self.entry.loss} loss contrasts groups: set train.groups_per_batch >= 2")
         per_epoch = math.ceil(len(sampler) / t.grad_accum)
-        self.sampler_info = {**sampler.describe(), "optimizer_steps_per_epoch": per_epoch}
+        self.sampler_info = {**sampler.describe(), "optimizer_steps_per_epoch": per_epoch,
+                             "group_source": self.entry.groups}
+        if self.inputs.groups == "ngram":
+            self.sampler_info["ngram"] = {k: v for k, v in self.inputs.magic.stats.get("ngram", {}).items()
+                                          if k not in ("too_frequent", "aliases", "removed_from_l1")}
         total = t.epochs * per_epoch
+        head, bank = self._mcc_head(sampler) if self.entry.loss == "mcc" else (None, None)
         set_trainable(self.bundle, image=True, text=not self.params.model.freeze_text)
         self.bundle.model.train()
         text_rows, table = self._text_table(sampler)
         self.n_precomputed = 0 if table is None else len(table)
         self.memory = self._memory(sampler, ckpt)
         module = wrap(Towers(self.bundle.model), info)
-        stepper = self._stepper(module, t.lr, total, "train", ckpt)
-        spec = self.spec["run"]
+        stepper = self._stepper(module, t.lr, total, "train", ckpt, head)
+        spec = {**self.spec["run"], "mcc_weight": t.mcc_weight}
         self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs")
 
         def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
-            return group_step_loss(module, self.bundle, item, spec, table, self.memory)
+            return group_step_loss(module, self.bundle, item, spec, table, memory=self.memory, head=head, bank=bank)
 
         bar = self._bar(total, "image-text")
         while self.state.epoch < t.epochs:
@@ -396,3 +430,8 @@ class Trainer:
             if self.on_epoch is not None:
                 self.on_epoch(s.epoch, self.bundle)
         bar.close()
+        if head is not None and info.is_main:  # training-only: kept for inspection, never part of the model
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
+                      str(self.out / "mcc_head.safetensors"))
