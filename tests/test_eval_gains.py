@@ -174,3 +174,32 @@ def test_missing_sets_give_a_note_not_a_crash():
     assert gains.empty and sum("absent" in n for n in notes) == 4
     md = report.table3_markdown(report.table3(zs_metrics), [], gains, notes)
     assert "Avg Accuracy Gain w.r.t. MAGIC |" not in md and "- MAGIC: absent" in md
+
+
+def test_related_methods_enter_no_gain_set():
+    """Models trained with a related method (issue #21: a memory centroid run, MCC) are rows of every table but in
+    none of the paper's gain sets, and never the 'best model'; the paper's rows keep their sets."""
+    related = PAPER_MODELS + [
+        {"name": "centroid_memory", "fine_tuned_on_magic": True, "objective": "centroid", "pretrain": "none",
+         "init": "zero-shot", "related": ["momentum concept memory (DCCL, Pu et al. CVPR 2023)"]},
+        {"name": "mcc", "fine_tuned_on_magic": True, "objective": "mcc", "pretrain": "none", "init": "zero-shot",
+         "related": ["concept-conditioned image contrast, MCC (C3)"]}]
+    roles = report.model_roles(related)
+    assert roles["centroid_memory"].related and not roles["centroid"].related
+    sets = report.gain_sets(roles, best="pairwise")
+    assert sets == report.gain_sets(report.model_roles(PAPER_MODELS), best="pairwise")
+    metrics, _ = synthetic({"zero-shot": 0.6, "clip": 0.65, "centroid": 0.7, "pairwise": 0.7,
+                            "pairwise_pretrain": 0.72, "centroid_memory": 0.9, "mcc": 0.9})
+    assert report.best_model(metrics, roles) == "pairwise_pretrain"
+
+
+def test_related_methods_of_a_run_entry():
+    """related_methods names each related method a train.runs entry uses; the paper's rows use none."""
+    from cglib.config import TrainRunParams
+    from cglib.train.inputs import related_methods
+
+    assert related_methods(TrainRunParams(name="c", loss="centroid")) == []
+    assert related_methods(TrainRunParams(name="r", loss="re")) == []
+    assert len(related_methods(TrainRunParams(name="m", loss="centroid", memory_momentum=0.9))) == 1
+    both = related_methods(TrainRunParams(name="n", loss="mcc", groups="ngram", text_source="original"))
+    assert [m.split(" (")[0] for m in both] == ["concept-conditioned image contrast, MCC", "n-gram concept groups"]

@@ -70,6 +70,7 @@ from cglib.magic.schema import load_magic
 from cglib.magic.stats import leakage
 from cglib.models import ClipModel
 from cglib.run import RunContext, provenance, seed_label, training_dir, write_json
+from cglib.train.inputs import related_methods
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +210,7 @@ def _model_info(run: RunContext) -> list[dict]:
         loss = summary.get("loss", r.loss)
         infos.append({"name": r.name, "loss": loss, "pretrain": summary.get("pretrain", r.pretrain),
                       "text_source": summary.get("text_source", r.text_source or run.params.train.text_source),
+                      "related": related_methods(r),
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
                       "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT),

@@ -486,6 +486,7 @@ class ModelRole:
     init: str | None = None
     exposed: bool = False
     zoo: bool = False
+    related: bool = False  # trained with a related method (issue #21): a row everywhere, in no gain set
 
     @property
     def is_base(self) -> bool:
@@ -510,7 +511,8 @@ def model_roles(models: Sequence[dict]) -> dict[str, ModelRole]:
         if pretrain not in PRETRAIN_MODES:
             raise ValueError(f"model {m['name']!r}: pretrain {pretrain!r} is not one of {', '.join(PRETRAIN_MODES)}")
         roles[m["name"]] = ModelRole(m["name"], fine_tuned, objective, pretrain, init,
-                                     bool(m.get("exposed_to_eval_strings", False)), bool(m.get("zoo", False)))
+                                     bool(m.get("exposed_to_eval_strings", False)), bool(m.get("zoo", False)),
+                                     bool(m.get("related")))
     return roles
 
 
@@ -519,7 +521,8 @@ def best_model(metrics: pd.DataFrame, roles: dict[str, ModelRole]) -> str | None
     none."""
     table = table3(metrics) if len(metrics) else pd.DataFrame()
     headers = [c.header for c in table3_columns(metrics)] if len(metrics) else []
-    candidates = [m for m in table.index if m in roles and not roles[m].is_base and not roles[m].zoo]
+    candidates = [m for m in table.index if m in roles and not roles[m].is_base and not roles[m].zoo
+                  and not roles[m].related]
     if not candidates or not headers:
         return None
     means = table.loc[candidates, headers].astype(float).mean(axis=1, skipna=True)
@@ -529,9 +532,10 @@ def best_model(metrics: pd.DataFrame, roles: dict[str, ModelRole]) -> str | None
 def gain_sets(roles: dict[str, ModelRole], best: str | None) -> dict[str, tuple[list[str], list[str], str]]:
     """Per gain: (models averaged on the gaining side, models of the reference side, why absent or '').
 
-    Zoo models (frozen references, `ModelRole.zoo`) enter no set.
+    Zoo models (frozen references, `ModelRole.zoo`) and models of the related methods (`ModelRole.related`) enter
+    no set: the gains are the paper's, over the paper's rows.
     """
-    roles = {n: r for n, r in roles.items() if not r.zoo}
+    roles = {n: r for n, r in roles.items() if not r.zoo and not r.related}
     ft = [r for r in roles.values() if r.fine_tuned_on_magic]
     out: dict[str, tuple[list[str], list[str], str]] = {}
     out["MAGIC"] = ([r.name for r in ft], [r.name for r in roles.values() if not r.fine_tuned_on_magic],

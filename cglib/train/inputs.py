@@ -139,6 +139,22 @@ def text_source(params: Params, entry: TrainRunParams) -> str:
     return entry.text_source or params.train.text_source
 
 
+RELATED_METHODS = {
+    "clip_hn": "keyword-permuted hard negatives (Rosch et al.)",
+    "memory": "momentum concept memory (DCCL, Pu et al. CVPR 2023)",
+    "mcc": "concept-conditioned image contrast, MCC (C3)",
+    "ngram": "n-gram concept groups (C3)",
+}
+
+
+def related_methods(entry: TrainRunParams) -> list[str]:
+    """The related methods (issue #21) a run trains with; empty for the paper's own rows (CLIP, pairwise, centroid,
+    RE). Such runs are rows of every table but enter none of the paper's gain rows."""
+    used = {"clip_hn": entry.loss == "clip_hn", "memory": entry.memory_momentum is not None,
+            "mcc": entry.loss == "mcc", "ngram": entry.groups == "ngram"}
+    return [RELATED_METHODS[k] for k, on in used.items() if on]
+
+
 def exposure(params: Params, entry: TrainRunParams) -> list[str]:
     """Why a run has seen strings that evaluation uses as queries (empty: it has not); inherited through `init`."""
     reasons = []

@@ -10,7 +10,7 @@ from cglib.config import Params
 from cglib.run import provenance, write_json
 from cglib.train import distributed
 from cglib.train.checkpoint import FINAL, LAST, text_keys
-from cglib.train.inputs import exposure, text_source
+from cglib.train.inputs import exposure, related_methods, text_source
 
 if TYPE_CHECKING:
     from cglib.train.trainer import Trainer
@@ -85,7 +85,7 @@ def finish(trainer: Trainer) -> dict[str, Any]:
     exposed = exposure(trainer.params, entry)
     summary = {
         "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
-        "text_source": text_source(trainer.params, entry),
+        "text_source": text_source(trainer.params, entry), "related": related_methods(entry),
         # the roles evaluation reads (report.ModelRole): an re run is the HierarCaps baseline, not a MAGIC fine-tune
         "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
