@@ -400,7 +400,8 @@ class Trainer:
         self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs")
 
         def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
-            return group_step_loss(module, self.bundle, item, spec, table, memory=self.memory, head=head, bank=bank)
+            return group_step_loss(module, self.bundle, item, spec, table, memory=self.memory, head=head,
+                                   bank=bank)
 
         bar = self._bar(total, "image-text")
         while self.state.epoch < t.epochs:
