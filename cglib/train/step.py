@@ -1,6 +1,7 @@
 """One optimizer step: the run's objective on a group batch, and AdamW + warmup-cosine + AMP + clipping.
 
 Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M*N pairs of the group batch;
+"clip_hn" the same with each image's keyword-permuted caption replacing one negative of its row (Rösch et al.);
 "pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and the variant options. Every loss
 gets the batch's `text_ids` (equal ids = identical strings), so two identical texts are never each other's
 negatives.
@@ -24,13 +25,20 @@ from cglib.train.optim import build_optimizer, warmup_cosine
 
 
 def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[str, Any],
-               text_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+               text_ids: torch.Tensor | None = None, hard_text: torch.Tensor | None = None,
+               hard_columns: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The run's objective on (M, N, L) features: {loss} for clip, {loss, inner, outer} for the group losses.
 
     `text_ids` (M, N): equal ids mark identical strings, which the loss never treats as each other's negatives.
+    `hard_text` (M, N, L) and `hard_columns` (M, N): clip_hn's permuted captions and the columns they replace.
     """
     if loss == "clip":
         return {"loss": losses.clip_loss(image, text, tau=spec["tau"], text_ids=text_ids)}
+    if loss == "clip_hn":
+        if hard_text is None or hard_columns is None:
+            raise ValueError("loss clip_hn needs each pair's hard negative (hard_text, hard_columns); build the "
+                             "batches with GroupBatchData(..., hard_negatives=plan)")
+        return {"loss": losses.clip_hn_loss(image, text, hard_text, hard_columns, tau=spec["tau"], text_ids=text_ids)}
     if loss == "pairwise":
         return losses.pairwise_group_loss(image, text, spec["tau"], spec["tau_inner"], spec["alpha"],
                                           alpha_on=spec["alpha_on"], normalize_products=spec["normalize_products"],
@@ -38,7 +46,7 @@ def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[st
     if loss == "centroid":
         return losses.centroid_group_loss(image, text, spec["tau"], spec["tau_inner"], spec["alpha"],
                                           alpha_on=spec["alpha_on"], return_parts=True, text_ids=text_ids)
-    raise ValueError(f"unknown loss {loss!r}; use clip, pairwise or centroid")
+    raise ValueError(f"unknown loss {loss!r}; use clip, clip_hn, pairwise or centroid")
 
 
 def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, Any], run: dict[str, Any],
@@ -48,14 +56,19 @@ def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, 
     images = pixels_to_tensor(item["pixels"].to(device, non_blocking=True), bundle)
     tokens = None if text_table is not None else item["tokens"].to(device, non_blocking=True)
     image, text = module(images, tokens)
+    m, n = item["m"], item["n"]
+    hard = columns = None
+    if "hard_columns" in item:  # loss: clip_hn
+        rows = item["hard_rows"] if text_table is not None else item["hard_inverse"]
+        hard = (text_table if text_table is not None else text)[rows.to(device)].reshape(m, n, -1)
+        columns = item["hard_columns"].to(device).reshape(m, n)
     if text_table is not None:
         text = text_table[item["text_rows"].to(device)]
     else:
         text = text[item["text_inverse"].to(device)]
-    m, n = item["m"], item["n"]
     ids = item.get("text_ids")
     ids = None if ids is None else ids.to(device).reshape(m, n)
-    return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids)
+    return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids, hard, columns)
 
 
 def set_trainable(bundle: ClipModel, image: bool, text: bool) -> None:

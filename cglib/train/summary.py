@@ -90,6 +90,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
         "re_training": trainer.re_info,
+        # loss: clip_hn: hard negatives per epoch, with the pairs that had no keyword to permute (no hard negative)
+        "hard_negatives": trainer.hard_negative_info,
         # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
         "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,

@@ -1,0 +1,1 @@
+"""Related-work baselines and evaluations (issue #21)."""
