@@ -3,6 +3,7 @@ tiny clip_hn training run, and the keyword-permutation evaluation rows."""
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import numpy as np
@@ -97,6 +98,8 @@ def test_permuter_examples_and_no_keyword():
     assert syn.permute("A navy blue wetsuit near an apple.", "colour") == "An orange wetsuit near an apple."
     assert syn.permute("A balloon near an apple.", "object", 1) == "A balloon near an apple tree."
     assert syn.permute("A balloon next to a cake.", "location") is None  # symmetric relations are no keywords
+    copy = pickle.loads(pickle.dumps(syn))  # as DataLoader workers receive it
+    assert copy.permute("A red balloon.", "colour") == "A silver balloon." and copy._cache.keys() <= {("A red balloon.", "colour")}
 
 
 # ----------------------------------------------------------------------------------------------------- loss
@@ -190,6 +193,9 @@ def test_clip_hn_training_counts_pairs_without_a_keyword(tmp_path, freeze_text):
     recount = [h for e in range(2) for b in sampler.epoch(e)
                for h in batch_hard_negatives(b, synthetic_permuter(), run.train_seed)]
     assert hn["pairs"] == len(recount) == summary["images_seen"]
+    from cglib.train import summary_table
+
+    assert summary_table({"hn": summary}).loc["hn", "pairs without keyword"] == hn["pairs_without_keyword"]
     assert hn["pairs_without_keyword"] == sum(h.kind is None for h in recount)
     assert summary["precomputed_texts"] == (len(sampler.all_texts()) + len({h.text for h in recount if h.text})
                                             if freeze_text else 0)
@@ -227,3 +233,58 @@ def test_keyword_permutation_rows_in_the_evaluation(tmp_path):
     colour = rows[rows["labels"] == "colour"].iloc[0]
     assert 0 <= colour["value"] <= 1 and colour["n_queries"] == 2 * per_type["colour"]["images"]
     assert not any("keyword" in str(c) for c in result.table3.columns)
+
+
+# ---------------------------------------------------------------------------------------------- distributed
+def _hn_global(seed: int = 3):
+    """A global batch of 12 pairs: features, hard texts, global columns and ids with duplicates across ranks."""
+    image, text, hard, columns = _hn_case(seed, b=12)
+    ids = torch.tensor([0, 1, 2, 3, 4, 5, 0, 6, 7, 8, 2, 9])
+    for k in range(12):
+        if columns[k] >= 0 and ids[columns[k]] == ids[k]:
+            columns[k] = -1
+    return image.detach(), text.detach(), hard.detach(), columns, ids
+
+
+def _hn_worker(rank: int, port: int, out_dir: str) -> None:
+    """One gloo rank: clip_hn_loss on its 6 pairs (columns index the global batch); saves loss and gradients."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.nn  # gather_groups: differentiable all_gather (training imports it with DDP)
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        image, text, hard, columns, ids = _hn_global()
+        part = slice(6 * rank, 6 * rank + 6)
+        local = [x[part].clone().requires_grad_(True) for x in (image, text, hard)]
+        loss = clip_hn_loss(*local, columns[part], 0.1, text_ids=ids[part])
+        loss.backward()
+        torch.save({"loss": loss.detach(), "grads": [x.grad for x in local]}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_clip_hn_loss_under_two_processes_equals_one(tmp_path):
+    """Under torchrun-like gloo ranks, each rank's clip_hn_loss is the global batch's loss and its local gradients
+    are world_size times the single-process ones (the cglib.losses convention)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_hn_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    image, text, hard, columns, ids = _hn_global()
+    inputs = [x.clone().requires_grad_(True) for x in (image, text, hard)]
+    single = clip_hn_loss(*inputs, columns, 0.1, text_ids=ids)
+    single.backward()
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        torch.testing.assert_close(got["loss"], single.detach())
+        for g, x in zip(got["grads"], inputs, strict=True):
+            torch.testing.assert_close(g, 2 * x.grad[6 * rank:6 * rank + 6])

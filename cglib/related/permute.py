@@ -90,6 +90,10 @@ class KeywordPermuter:
                                    if relation else None)
         self._cache: dict[tuple[str, str], list[Match]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its match cache (DataLoader workers receive the permuter with each epoch's dataset)."""
+        return {**self.__dict__, "_cache": {}}
+
     def vocabulary(self, kind: str) -> list[str]:
         """The keywords of one concept type (singular, lower case), sorted."""
         return sorted(self.relations[_kind(kind)])

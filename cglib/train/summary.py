@@ -150,6 +150,8 @@ def summary_table(summaries: dict[str, dict[str, Any]]):
                "wall time (s)": s["wall_time_s"], "images/s": round(s["images_per_s"] or float("nan"), 1),
                "loss, first epoch": round(losses_[0], 4), "loss, last epoch": round(losses_[-1], 4),
                "batches with fallback negatives": s["fallback_batches"]}
+        if s.get("hard_negatives"):  # loss: clip_hn: pairs of all epochs without a keyword (no hard negative)
+            row["pairs without keyword"] = s["hard_negatives"]["pairs_without_keyword"]
         for tower in ("image", "text"):
             m = moved.get(tower)
             row[f"{tower} params changed"] = round(m["fraction_changed"], 4) if m else float("nan")

@@ -348,7 +348,10 @@ class Trainer:
         module = wrap(Towers(self.bundle.model), info)
         stepper = self._stepper(module, t.lr, total, "train", ckpt)
         spec = self.spec["run"]
-        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs")
+        hn_note = "" if hard_negatives is None else (
+            f"; clip_hn: {self.hard_negative_info['pairs_without_keyword']} of {self.hard_negative_info['pairs']} "
+            "pairs over all epochs have no keyword, so no hard negative")
+        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs{hn_note}")
 
         def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
             return group_step_loss(module, self.bundle, item, spec, table)
