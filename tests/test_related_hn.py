@@ -59,7 +59,7 @@ def test_permuted_synthetic_captions_differ_from_the_original_by_one_keyword():
                     assert new is not None and new != caption, (caption, kind)
                     assert new.endswith(caption[m.end:])
                     target = permuter.relations[kind][m.keyword]
-                    word = permuter.plurals.get(kind, {}).get(target, target) if m.plural else target
+                    word = permuter.surface(kind, target, m.plural)
                     head = new[:len(new) - len(caption) + m.end]
                     assert head.lower().endswith(word)  # the keyword became its image under the relation
                     # the rest before it is unchanged, up to the article agreeing with the new word
@@ -98,6 +98,10 @@ def test_permuter_examples_and_no_keyword():
     assert syn.permute("A navy blue wetsuit near an apple.", "colour") == "An orange wetsuit near an apple."
     assert syn.permute("A balloon near an apple.", "object", 1) == "A balloon near an apple tree."
     assert syn.permute("A balloon next to a cake.", "location") is None  # symmetric relations are no keywords
+    assert syn.permute("Two pairs of skis and a cake.", "object") == "Two sneakers and a cake."
+    assert syn.permute("An egg and two sneakers.", "object", 1) == "An egg and two snowmans."  # as _plural writes it
+    assert syn.permute("A shuttlecock and a cake.", "object") == "A ski pole and a cake."
+    assert syn.permute("A ski pole and a cake.", "object") == "A pair of skis and a cake."
     copy = pickle.loads(pickle.dumps(syn))  # as DataLoader workers receive it
     assert copy.permute("A red balloon.", "colour") == "A silver balloon." and copy._cache.keys() <= {("A red balloon.", "colour")}
 

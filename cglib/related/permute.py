@@ -56,11 +56,13 @@ class KeywordPermuter:
     """Swaps one keyword of a concept type through that type's fixed relation (see the module docstring).
 
     `relations[kind]` maps each keyword (lower case, singular) to its replacement; `plurals[kind]` gives a noun's
-    plural (types without number leave it out); `protected` phrases are matched but never changed.
+    plural (types without number leave it out) and `singulars[kind]` its singular as written when that is not the
+    keyword itself ("pair of skis"); `protected` phrases are matched but never changed.
     """
 
     relations: dict[str, dict[str, str]]
     plurals: dict[str, dict[str, str]] = field(default_factory=dict)
+    singulars: dict[str, dict[str, str]] = field(default_factory=dict)
     protected: tuple[str, ...] = ()
     source: str = ""
 
@@ -73,11 +75,11 @@ class KeywordPermuter:
         for kind in KINDS:
             relation = self.relations.setdefault(kind, {})
             check_relation(kind, relation)
-            plurals = self.plurals.get(kind, {})
+            plurals, singulars = self.plurals.get(kind, {}), self.singulars.get(kind, {})
             surface: dict[str, tuple[str, bool] | None] = {p.lower(): None for p in self.protected}
             for word in relation:
-                forms = [(word, False)]
-                if plurals.get(word, word) != word:
+                forms = [(singulars.get(word, word), False)]
+                if plurals.get(word, word) != forms[0][0]:
                     forms.append((plurals[word], True))
                 for form, plural in forms:
                     if surface.get(form) is not None and surface[form] != (word, plural):
@@ -93,6 +95,11 @@ class KeywordPermuter:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its match cache (DataLoader workers receive the permuter with each epoch's dataset)."""
         return {**self.__dict__, "_cache": {}}
+
+    def surface(self, kind: str, keyword: str, plural: bool) -> str:
+        """How captions write a keyword in the singular or plural ('pair of skis', 'knives')."""
+        forms = self.plurals if plural else self.singulars
+        return forms.get(_kind(kind), {}).get(keyword, keyword)
 
     def vocabulary(self, kind: str) -> list[str]:
         """The keywords of one concept type (singular, lower case), sorted."""
@@ -122,7 +129,7 @@ class KeywordPermuter:
             return None
         m = found[pick % len(found)]
         target = self.relations[_kind(kind)][m.keyword]
-        word = self.plurals.get(_kind(kind), {}).get(target, target) if m.plural else target
+        word = self.surface(kind, target, m.plural)
         if caption[m.start].isupper():
             word = word[0].upper() + word[1:]
         before = caption[:m.start]
@@ -180,14 +187,17 @@ def synthetic_permuter() -> KeywordPermuter:
 
     colours = [_COLOUR_WORDS.get(c, c) for c in sorted(COLOURS)]  # as captions write them: "navy blue"
     objects = sorted(OBJECTS)
-    # noun_phrase keeps a unit object's noun as it is ("a pair of skis", "two pairs of skis")
-    plurals = {o: o if o in _UNITS else _plural(o) for o in objects}
+    # noun_phrase counts a unit object by its unit ("a pair of skis", "two pairs of skis"): the unit phrase is the
+    # written form, so "a balloon" becomes "a pair of skis", not "a skis" (with a colour in between, "a pair of
+    # red skis", the phrase does not match: that object is no keyword of that caption)
+    singulars = {o: f"{_UNITS[o]} of {o}" for o in objects if o in _UNITS}
+    plurals = {o: f"{_plural(_UNITS[o])} of {o}" if o in _UNITS else _plural(o) for o in objects}
     return KeywordPermuter(
         relations={"colour": cyclic(colours), "object": cyclic(objects), "size": {},
                    # _relation: above/below when stacked; next to/beside/near are symmetric (swapping them would
                    # not change the meaning), so they are no keywords
                    "location": pairs([("above", "below")])},
-        plurals={"object": plurals}, protected=tuple(sorted(SETTINGS)),  # "baseball field" is no baseball
+        plurals={"object": plurals}, singulars={"object": singulars}, protected=tuple(sorted(SETTINGS)),  # "baseball field" is no baseball
         source="synthetic world: cglib.data.render OBJECTS and COLOURS, cglib.data.synthetic._relation")
 
 
@@ -219,7 +229,8 @@ def coco_permuter(path: Any = None) -> KeywordPermuter:
         if entry.get("nouns"):  # count nouns: regular plural unless listed as irregular
             irregular = entry.get("plurals") or {}
             plurals[kind] = {w: irregular.get(w, english_plural(w)) for w in relations[kind]}
-    return KeywordPermuter(relations, plurals, tuple(data.get("protected") or ()), str(data.get("source", "")))
+    return KeywordPermuter(relations, plurals, protected=tuple(data.get("protected") or ()),
+                           source=str(data.get("source", "")))
 
 
 def permuter_for(params: Any) -> KeywordPermuter:
