@@ -64,6 +64,10 @@ class HardNegativePlan:
     texts: set[str] = field(default_factory=set)
     epochs: list[dict] = field(default_factory=list)
 
+    def __getstate__(self) -> dict:
+        """Pickled for DataLoader workers without the text set, which only the frozen text table needs."""
+        return {**self.__dict__, "texts": set()}
+
     def __call__(self, batch: GroupBatch) -> list[HardNegative]:
         return batch_hard_negatives(batch, self.permuter, self.seed)
 
