@@ -285,11 +285,14 @@ class ModelParams(Section):
 # ------------------------------------------------------------------------------------------- train
 class TrainRunParams(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
-    loss: Literal["clip", "pairwise", "centroid", "re", "mcc"] = Field(
+    loss: Literal["clip", "clip_hn", "pairwise", "centroid", "re", "mcc"] = Field(
         ..., description="Objective: clip, pairwise, centroid (on MAGIC image-text batches), re (HierarCaps' Radial "
-        "Embedding alignment of the text tower alone, on train.re_data; the Table 3 HierarCaps row), or mcc (C3: "
-        "CLIP's InfoNCE + train.mcc_weight x a SupCon loss between the images of each group, seen through a "
-        "trainable head of the group's concept-name embedding; cglib.losses.mcc_loss).")
+        "Embedding alignment of the text tower alone, on train.re_data; the Table 3 HierarCaps row), or one of the "
+        "related methods: clip_hn (Rosch et al.: CLIP with keyword-permuted hard negatives: each image's caption "
+        "with one colour, object, size or location word swapped replaces one negative of its image->text row; pairs "
+        "without such a word keep their row, counted in the summary's hard_negatives; best with text_source: "
+        "original) or mcc (C3: CLIP's InfoNCE + train.mcc_weight x a SupCon loss between the images of each group, "
+        "seen through a trainable head of the group's concept-name embedding; cglib.losses.mcc_loss).")
     groups: Literal["magic", "ngram"] = Field(
         "magic", description="Which groups batches are drawn from: magic (the run's MAGIC l1 nodes) or ngram "
         "(caption n-grams shared by enough MAGIC-train images, magic/ngram.json, built by "
@@ -503,6 +506,10 @@ class EvalParams(Section):
         "models saw it and its captions); false, the default: HierarCaps is scored on unseen images only, as the "
         "paper presents it, and the count left out is reported.")
     hierarcaps_batch: int = Field(100, ge=2, description="B of the in-batch HierarCaps variant.")
+    keyword_permutation: bool = Field(
+        False, description="Also score the keyword-permutation test (Rösch et al.): per MAGIC test image and concept "
+        "type (colour, object, size, location), does the model prefer its original caption over the caption with "
+        "one keyword of that type swapped (chance 50%)? Images without such a keyword are left out and counted.")
     hierarcaps_radii: int = Field(50, ge=2, description="Radius thresholds of the HierarCaps hierarchical metric "
                                   "(its authors use 50).")
     negative_source: Literal["group", "level"] = Field(

@@ -415,6 +415,49 @@ def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 
     return _run_in_full_precision(image_features, text_features, text_ids, body)["loss"]
 
 
+def clip_hn_loss(image_features: Tensor, text_features: Tensor, hard_text_features: Tensor, hard_columns: Tensor,
+                 tau: Temperature = 0.1, *, text_ids: Tensor | None = None) -> Tensor:
+    """CLIP loss where each image's keyword-permuted caption replaces one negative of its image->text row.
+
+    Rösch et al.'s hard negatives: `hard_text_features` (shaped like the texts) holds pair b's permuted caption,
+    `hard_columns` (shaped like `text_ids`) the column of the flattened (global) batch whose logit in image b's
+    row it replaces, -1 for a pair without one (its row stays as in `clip_loss`). The text->image direction is
+    `clip_loss`'s. A replaced column is never the row's own and its logit is never masked (the permuted caption
+    differs from the row's text); the builder chooses it among the row's unmasked negatives.
+    """
+    _check_features(image_features, text_features, ndims=(2, 3))
+    _check_features(image_features, hard_text_features, ndims=(2, 3), names=("image_features", "hard_text_features"))
+    text_ids = _check_text_ids(text_ids, text_features)
+    if not isinstance(hard_columns, Tensor) or hard_columns.is_floating_point() or hard_columns.dtype == torch.bool:
+        raise ValueError("hard_columns must be an integer tensor (the replaced column of each row, -1 for none)")
+    if tuple(hard_columns.shape) != tuple(text_features.shape[:-1]):
+        raise ValueError(f"hard_columns has shape {tuple(hard_columns.shape)} but text_features "
+                         f"{tuple(text_features.shape)} needs {tuple(text_features.shape[:-1])}: one column per pair")
+    hard_columns = hard_columns.to(device=text_features.device, dtype=torch.long)
+    tau = _check_temperature(tau, "tau")
+    dim = image_features.shape[-1]
+
+    def body(image: Tensor, text: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
+        image, text = image.reshape(-1, dim), text.reshape(-1, dim)
+        hard = _unit(gather_groups(_full_precision(hard_text_features, image_features))).reshape(-1, dim)
+        columns = gather_groups(hard_columns).reshape(-1)
+        b = image.shape[0]
+        rows = torch.arange(b, device=image.device)
+        if bool(((columns < -1) | (columns >= b) | (columns == rows)).any()):
+            raise ValueError(f"hard_columns must be -1 or a column in [0, {b}) other than the row's own pair; "
+                             "the batch builder chose an invalid negative column")
+        logits = image @ text.T / tau
+        if ids is not None:
+            logits = logits.masked_fill(_identical_pairs(ids.reshape(-1)), float("-inf"))
+        hard_logits = (image * hard).sum(dim=-1) / tau  # (B,): image b vs its own permuted caption
+        replaced = (columns[:, None] == rows[None, :])  # (B, B): one True per row with a hard negative
+        image_rows = torch.where(replaced, hard_logits[:, None], logits)
+        both_directions = torch.cat([image_rows, logits.T])
+        return {"loss": F.cross_entropy(both_directions, rows.repeat(2))}
+
+    return _run_in_full_precision(image_features, text_features, text_ids, body)["loss"]
+
+
 def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1, *,
                         text_ids: Tensor | None = None) -> Tensor:
     """Text-text symmetric InfoNCE between (B, L) embeddings, row b of each the positive of the other (Sec. 3.2.4).

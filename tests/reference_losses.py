@@ -58,6 +58,34 @@ def ref_clip_loss(image: Tensor, text: Tensor, tau: float, ids=None) -> Tensor:
     return total / (2 * b)
 
 
+
+def ref_clip_hn_loss(image: Tensor, text: Tensor, hard: Tensor, columns, tau: float, ids=None) -> Tensor:
+    """CLIP InfoNCE over B pairs where image k's row has column columns[k] (if >= 0) replaced by its hard text.
+
+    Image k: denominator over the same candidates as ref_clip_loss, except that candidate columns[k] contributes
+    exp(cos(image k, hard k) / tau) instead of its text. Text anchors are exactly ref_clip_loss's.
+    """
+    ids = _as_lists(ids)
+    columns = _as_lists(columns)
+    imgs, txts, hards = [unit(x) for x in image], [unit(x) for x in text], [unit(x) for x in hard]
+    b = len(imgs)
+
+    def candidates(k: int) -> list[int]:
+        return [m for m in range(b) if m == k or ids is None or ids[m] != ids[k]]
+
+    total = image.new_zeros(())
+    for k in range(b):
+        denominator = image.new_zeros(())
+        for m in range(b):
+            if m == columns[k]:
+                denominator = denominator + torch.exp(cos(imgs[k], hards[k]) / tau)
+            elif m in candidates(k):
+                denominator = denominator + torch.exp(cos(imgs[k], txts[m]) / tau)
+        total = total - torch.log(torch.exp(cos(imgs[k], txts[k]) / tau) / denominator)
+        total = total - torch.log(torch.exp(cos(txts[k], imgs[k]) / tau)
+                                  / sum(torch.exp(cos(txts[k], imgs[m]) / tau) for m in candidates(k)))
+    return total / (2 * b)
+
 def ref_pairwise_outer(image: Tensor, text: Tensor, tau: float, ids=None) -> Tensor:
     """Eq. 2: each image's positives are the N texts of its group, denominator all M*N texts; and vice versa."""
     ids = _as_lists(ids)

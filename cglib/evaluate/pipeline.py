@@ -555,6 +555,15 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
     # eval.clustering: category discovery (clustering.py); which test concepts have training images, per level
     seen = seen_concepts(magic, ground_truth, items.levels) if p.clustering else None
     clustering_info: dict[str, dict] = {}
+    kp = None  # eval.keyword_permutation: each image's caption vs the caption with one keyword swapped
+    if p.keyword_permutation:
+        from cglib.related.keyword_eval import permutation_items
+        from cglib.related.permute import permuter_for
+
+        kp = permutation_items(items.field("caption").texts, permuter_for(params), p.seeds)
+        for kind in kp.counts:
+            excluded[kp.key(kind)] = kp.excluded(kind)
+    magic_texts = items.all_texts() if kp is None else sorted(set(items.all_texts()) | set(kp.texts()))
     # why a model saw evaluation strings, as its training summary says (older summaries: textual pretraining)
     exposure = {f"{m['name']}|*": "; ".join(m.get("exposure") or
                                             ["trained with the l1-l4 concept names (textual pretraining)"])
@@ -604,7 +613,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
         else:
             fingerprints = model_fingerprints(run, name, k) if loader is None else None
             magic_pix, hc_pix = (pixels_fn, image_source), hc
-        emb = store.embed(label, "magic", bundle, items.image_ids, magic_pix[1], magic_pix[0], items.all_texts(),
+        emb = store.embed(label, "magic", bundle, items.image_ids, magic_pix[1], magic_pix[0], magic_texts,
                           fingerprints)
         model_scores, seeds_values = _score_magic(items, emb, fc_sets, p.recall_at, p.coco_retrieval,
                                                   p.bootstrap_unit)
@@ -613,6 +622,13 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
             cluster_scores, clustering_info[label] = clustering_scores(items, test_images, seen, p.seeds,
                                                                        p.bootstrap_unit)
             model_scores.update(cluster_scores)
+        if kp is not None:
+            from cglib.related.keyword_eval import permutation_scores
+
+            group_ids = np.unique(np.asarray(items.groups), return_inverse=True)[1]
+            units = group_ids if p.bootstrap_unit == "group" else np.arange(len(items.image_ids))
+            model_scores.update(permutation_scores(kp, emb.images[[emb.image_index[i] for i in items.image_ids]],
+                                                   emb.text_vectors, emb.text_index, units))
         if hc is not None:
             emb_hc = store.embed(label, "hierarcaps", bundle, hc["ids"], hc_pix["source"], hc_pix["pixels"],
                                  hc["texts"], fingerprints)
@@ -643,7 +659,8 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
                      "recall_at": p.recall_at, "hierarcaps_batch": p.hierarcaps_batch,
                      "hierarcaps_radii": p.hierarcaps_radii, "fallback_negatives": p.fallback_negatives,
                      "negative_source": p.negative_source, "bootstrap_unit": p.bootstrap_unit,
-                     "bootstrap_seed": params.run.seed},
+                     "bootstrap_seed": params.run.seed,
+                     **({"keyword_permutation": True} if p.keyword_permutation else {})},
         "models": models,
         "zoo_skipped": zoo_skipped,
         "items": {
@@ -655,6 +672,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
             "forced_choice_excluded": {name: {str(s.seed): dict(s.excluded) for s in sets}
                                        for name, sets in fc_sets.items()},
             "forced_choice_items": {name: sets[0].anchors.size for name, sets in fc_sets.items()},
+            **({} if kp is None else {"keyword_permutation": {"relations": kp.relations, "per_type": kp.counts}}),
         },
         "hierarcaps": None if hc is None else {
             "n_items": len(hc["items"]), "skipped": hc["skipped"], "overlap_with_run_images": hc["overlap"],

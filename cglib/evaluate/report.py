@@ -455,7 +455,7 @@ def wide_table(metrics: pd.DataFrame, benchmark: str, labels: str, level: str) -
 
 # ------------------------------------------------------------------ gains (the paper's rows under Table 3)
 BASE_MODEL = "zero-shot"
-OBJECTIVES = ("none", "clip", "pairwise", "centroid", "re", "mcc")
+OBJECTIVES = ("none", "clip", "clip_hn", "pairwise", "centroid", "re", "mcc")
 PRETRAIN_MODES = ("none", "leakage_free", "with_concepts")
 GROUP_OBJECTIVES = ("pairwise", "centroid")
 GAINS = ("MAGIC", "Loss Function", "Pretraining", "Best Model")

@@ -1,1 +1,2 @@
-"""Related methods beside CLEAR GLASS (issue #21): a momentum concept memory, the MCC concept head."""
+"""Related methods beside CLEAR GLASS (issue #21): keyword-permuted hard negatives and their test, a momentum
+concept memory, the MCC concept head."""

@@ -20,13 +20,20 @@ class GroupBatchData(torch.utils.data.Dataset):
     other's negatives, and `group_index`, each of this rank's groups' position in `sampler.groups` (its row of a
     concept memory, cglib/related/memory.py). Each rank keeps its own groups; a DataLoader may run this in worker
     processes (the cache is a memmap).
+
+    With `hard_negatives` (loss: clip_hn; a function of the whole batch, cglib.related.hard_negatives) an item also
+    carries `hard_columns` (this rank's pairs' replaced global columns, -1: none) and the permuted texts as
+    `hard_rows` (text table rows) or `hard_inverse` (into the tokenized texts); a pair without one points at its
+    own text, which the loss ignores.
     """
 
     def __init__(self, sampler: GroupBatchSampler, cache: ImageCache, epoch: int, start: int, info: DistInfo,
-                 text_rows: dict[str, int] | None, tokenizer: Callable | None) -> None:
+                 text_rows: dict[str, int] | None, tokenizer: Callable | None,
+                 hard_negatives: Callable[[Any], list[Any]] | None = None) -> None:
         self.sampler, self.cache, self.epoch, self.start, self.info = sampler, cache, epoch, start, info
         self.text_rows, self.tokenizer = text_rows, tokenizer
         self.group_rows = {g: k for k, g in enumerate(sampler.groups)}  # memory row of each group (memory.py)
+        self.hard_negatives = hard_negatives
 
     def __len__(self) -> int:
         return len(self.sampler) - self.start
@@ -45,13 +52,23 @@ class GroupBatchData(torch.utils.data.Dataset):
                                 "group_index": torch.tensor([self.group_rows[g] for g in batch.groups],
                                                             dtype=torch.long),
                                 "groups": list(batch.groups)}  # this rank's node ids (loss: mcc reads concepts)
+        hard: list[str] = []
+        if self.hard_negatives is not None:  # chosen on the whole batch: this rank's pairs are a contiguous slice
+            offset = self.info.rank * m * n
+            chosen = self.hard_negatives(full)[offset:offset + m * n]
+            hard = [h.text if h.text is not None else t for h, t in zip(chosen, texts, strict=True)]
+            item["hard_columns"] = torch.tensor([h.column for h in chosen], dtype=torch.long)
         if self.text_rows is not None:
             item["text_rows"] = torch.tensor([self.text_rows[t] for t in texts], dtype=torch.long)
+            if hard:
+                item["hard_rows"] = torch.tensor([self.text_rows[t] for t in hard], dtype=torch.long)
         else:  # trainable text tower: tokenize each distinct text once
-            unique = sorted(set(texts))
+            unique = sorted(set(texts) | set(hard))
             where = {t: k for k, t in enumerate(unique)}
             item["tokens"] = self.tokenizer(unique)
             item["text_inverse"] = torch.tensor([where[t] for t in texts], dtype=torch.long)
+            if hard:
+                item["hard_inverse"] = torch.tensor([where[t] for t in hard], dtype=torch.long)
         return item
 
 

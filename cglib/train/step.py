@@ -1,6 +1,7 @@
 """One optimizer step: the run's objective on a group batch, and AdamW + warmup-cosine + AMP + clipping.
 
 Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M*N pairs of the group batch;
+"clip_hn" the same with each image's keyword-permuted caption replacing one negative of its row (Rösch et al.);
 "pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and the variant options; "mcc" (C3) is
 "clip" + train.mcc_weight x `losses.mcc_loss` on the groups' concept-head vectors (cglib.related.mcc_head). Every
 loss gets the batch's `text_ids` (equal ids = identical strings), so two identical texts are never each other's
@@ -28,13 +29,15 @@ if TYPE_CHECKING:
 
 
 def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[str, Any],
-               text_ids: torch.Tensor | None = None, memory: ConceptMemory | None = None,
-               group_index: torch.Tensor | None = None, concepts: torch.Tensor | None = None
+               text_ids: torch.Tensor | None = None, *, memory: ConceptMemory | None = None,
+               group_index: torch.Tensor | None = None, concepts: torch.Tensor | None = None,
+               hard_text: torch.Tensor | None = None, hard_columns: torch.Tensor | None = None
                ) -> dict[str, torch.Tensor]:
-    """The run's objective on (M, N, L) features: {loss} for clip, {loss, inner, outer} for the group losses,
-    {loss, clip, mcc} for mcc (CLIP + spec["mcc_weight"] x MCC; `concepts` (M, L): the groups' head outputs).
+    """The run's objective on (M, N, L) features: {loss} for clip and clip_hn, {loss, inner, outer} for the group
+    losses, {loss, clip, mcc} for mcc (CLIP + spec["mcc_weight"] x MCC; `concepts` (M, L): the groups' head outputs).
 
     `text_ids` (M, N): equal ids mark identical strings, which the loss never treats as each other's negatives.
+    `hard_text` (M, N, L) and `hard_columns` (M, N): clip_hn's permuted captions and the columns they replace.
     A centroid run with `memory_momentum` needs `memory` and each group's memory row `group_index` (M,): the
     batch's centroids are staged in the memory, which the trainer commits after the optimizer step.
     """
@@ -55,6 +58,11 @@ def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[st
         return {"loss": clip + spec["mcc_weight"] * mcc, "clip": clip, "mcc": mcc}
     if loss == "clip":
         return {"loss": losses.clip_loss(image, text, tau=spec["tau"], text_ids=text_ids)}
+    if loss == "clip_hn":
+        if hard_text is None or hard_columns is None:
+            raise ValueError("loss clip_hn needs each pair's hard negative (hard_text, hard_columns); build the "
+                             "batches with GroupBatchData(..., hard_negatives=plan)")
+        return {"loss": losses.clip_hn_loss(image, text, hard_text, hard_columns, tau=spec["tau"], text_ids=text_ids)}
     if loss == "pairwise":
         return losses.pairwise_group_loss(image, text, spec["tau"], spec["tau_inner"], spec["alpha"],
                                           alpha_on=spec["alpha_on"], normalize_products=spec["normalize_products"],
@@ -62,7 +70,7 @@ def batch_loss(loss: str, image: torch.Tensor, text: torch.Tensor, spec: dict[st
     if loss == "centroid":
         return losses.centroid_group_loss(image, text, spec["tau"], spec["tau_inner"], spec["alpha"],
                                           alpha_on=spec["alpha_on"], return_parts=True, text_ids=text_ids)
-    raise ValueError(f"unknown loss {loss!r}; use clip, pairwise, centroid or mcc")
+    raise ValueError(f"unknown loss {loss!r}; use clip, clip_hn, pairwise, centroid or mcc")
 
 
 def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, Any], run: dict[str, Any],
@@ -78,11 +86,16 @@ def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, 
     images = pixels_to_tensor(item["pixels"].to(device, non_blocking=True), bundle)
     tokens = None if text_table is not None else item["tokens"].to(device, non_blocking=True)
     image, text = module(images, tokens)
+    m, n = item["m"], item["n"]
+    hard = columns = None
+    if "hard_columns" in item:  # loss: clip_hn
+        rows = item["hard_rows"] if text_table is not None else item["hard_inverse"]
+        hard = (text_table if text_table is not None else text)[rows.to(device)].reshape(m, n, -1)
+        columns = item["hard_columns"].to(device).reshape(m, n)
     if text_table is not None:
         text = text_table[item["text_rows"].to(device)]
     else:
         text = text[item["text_inverse"].to(device)]
-    m, n = item["m"], item["n"]
     ids = item.get("text_ids")
     ids = None if ids is None else ids.to(device).reshape(m, n)
     concepts = None
@@ -91,8 +104,9 @@ def group_step_loss(module: torch.nn.Module, bundle: ClipModel, item: dict[str, 
             raise ValueError("loss mcc needs its concept head and concept bank (see Trainer._mcc_head)")
         concepts = head(bank(item["groups"]).to(device))
     index = item.get("group_index") if memory is not None else None
-    return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids, memory,
-                      None if index is None else index.to(device), concepts)
+    return batch_loss(run["loss"], image.reshape(m, n, -1), text.reshape(m, n, -1), run, ids, memory=memory,
+                      group_index=None if index is None else index.to(device), concepts=concepts, hard_text=hard,
+                      hard_columns=columns)
 
 
 def set_trainable(bundle: ClipModel, image: bool, text: bool) -> None:

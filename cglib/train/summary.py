@@ -90,6 +90,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
         "re_training": trainer.re_info,
+        # loss: clip_hn: hard negatives per epoch, with the pairs that had no keyword to permute (no hard negative)
+        "hard_negatives": trainer.hard_negative_info,
         # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
         "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
@@ -148,6 +150,8 @@ def summary_table(summaries: dict[str, dict[str, Any]]):
                "wall time (s)": s["wall_time_s"], "images/s": round(s["images_per_s"] or float("nan"), 1),
                "loss, first epoch": round(losses_[0], 4), "loss, last epoch": round(losses_[-1], 4),
                "batches with fallback negatives": s["fallback_batches"]}
+        if s.get("hard_negatives"):  # loss: clip_hn: pairs of all epochs without a keyword (no hard negative)
+            row["pairs without keyword"] = s["hard_negatives"]["pairs_without_keyword"]
         for tower in ("image", "text"):
             m = moved.get(tower)
             row[f"{tower} params changed"] = round(m["fraction_changed"], 4) if m else float("nan")

@@ -67,6 +67,7 @@ class Trainer:
         self.pretrain_info: dict[str, Any] | None = None
         self.n_precomputed = 0
         self.re_info: dict[str, Any] | None = None
+        self.hard_negative_info: dict[str, Any] | None = None  # loss: clip_hn (cglib.related.hard_negatives)
         self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
         self.memory: ConceptMemory | None = None  # the concept memory of a memory_momentum run (related/memory.py)
         if inputs.groups != entry.groups:
@@ -320,10 +321,12 @@ class Trainer:
             self.memory.discard() if result.get("skipped") else self.memory.commit()
         self._mark(stepper)
 
-    def _text_table(self, sampler: GroupBatchSampler) -> tuple[dict[str, int] | None, torch.Tensor | None]:
+    def _text_table(self, sampler: GroupBatchSampler, extra: set[str] | None = None
+                    ) -> tuple[dict[str, int] | None, torch.Tensor | None]:
+        """A frozen text tower's embeddings of every text a batch can hold (`extra`: clip_hn's permuted texts)."""
         if not self.params.model.freeze_text:
             return None, None
-        texts = sampler.all_texts()
+        texts = sorted(set(sampler.all_texts()) | extra) if extra else sampler.all_texts()
         table = torch.from_numpy(encode_texts(self.bundle, texts)).to(self.device)
         return {t: k for k, t in enumerate(texts)}, table
 
@@ -379,7 +382,7 @@ class Trainer:
         if t.groups_per_batch % info.world_size:
             raise ValueError(f"train.groups_per_batch ({t.groups_per_batch}) must be divisible by the number of "
                              f"processes ({info.world_size}) so every rank holds whole groups")
-        if self.entry.loss != "clip" and t.groups_per_batch < 2:
+        if self.entry.loss not in ("clip", "clip_hn") and t.groups_per_batch < 2:
             raise ValueError(f"the {self.entry.loss} loss contrasts groups: set train.groups_per_batch >= 2")
         per_epoch = math.ceil(len(sampler) / t.grad_accum)
         self.sampler_info = {**sampler.describe(), "optimizer_steps_per_epoch": per_epoch,
@@ -391,13 +394,23 @@ class Trainer:
         head, bank = self._mcc_head(sampler) if self.entry.loss == "mcc" else (None, None)
         set_trainable(self.bundle, image=True, text=not self.params.model.freeze_text)
         self.bundle.model.train()
-        text_rows, table = self._text_table(sampler)
+        hard_negatives = None
+        if self.entry.loss == "clip_hn":  # every epoch's hard negatives, counted (and embedded if the tower is frozen)
+            from cglib.related.hard_negatives import plan_hard_negatives
+            from cglib.related.permute import permuter_for
+
+            hard_negatives = plan_hard_negatives(sampler, permuter_for(self.params), self.run.train_seed, t.epochs)
+            self.hard_negative_info = hard_negatives.describe()
+        text_rows, table = self._text_table(sampler, hard_negatives.texts if hard_negatives else None)
         self.n_precomputed = 0 if table is None else len(table)
         self.memory = self._memory(sampler, ckpt)
         module = wrap(Towers(self.bundle.model), info)
         stepper = self._stepper(module, t.lr, total, "train", ckpt, head)
         spec = {**self.spec["run"], "mcc_weight": t.mcc_weight}
-        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs")
+        hn_note = "" if hard_negatives is None else (
+            f"; clip_hn: {self.hard_negative_info['pairs_without_keyword']} of {self.hard_negative_info['pairs']} "
+            "pairs over all epochs have no keyword, so no hard negative")
+        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs{hn_note}")
 
         def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
             return group_step_loss(module, self.bundle, item, spec, table, memory=self.memory, head=head,
@@ -406,7 +419,7 @@ class Trainer:
         bar = self._bar(total, "image-text")
         while self.state.epoch < t.epochs:
             data = GroupBatchData(sampler, self.inputs.cache, self.state.epoch, self.state.batch, info, text_rows,
-                                  self.bundle.tokenizer)
+                                  self.bundle.tokenizer, hard_negatives)
             batches = batch_loader(data, t.num_workers, self.device)
             while self.state.batch < len(sampler):
                 tick = time.perf_counter()
