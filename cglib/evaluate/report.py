@@ -271,6 +271,25 @@ def metric_table(metrics: pd.DataFrame, benchmark: str, labels: str, direction: 
     return out
 
 
+def labels_table(metrics: pd.DataFrame, benchmark: str, direction: str, metric: str, level: str) -> pd.DataFrame:
+    """Models x labels of one metric at one level, 'value [low, high]', with each label's chance in the header
+    (e.g. keyword_permutation: one column per concept type)."""
+    rows = metrics[(metrics["benchmark"] == benchmark) & (metrics["direction"] == direction)
+                   & (metrics["metric"] == metric) & (metrics["level"] == level)]
+    scale, digits = (100.0, 1) if is_percent(metric) else (1.0, 3)
+    headers = {}
+    for labels, group in rows.groupby("labels", sort=False):
+        chance = group["chance"].mean()
+        headers[labels] = f"{labels} (n={int(group['n'].max())}, chance {scale * chance:.{digits}f})" \
+            if pd.notna(chance) else f"{labels} (n={int(group['n'].max())})"
+    out = pd.DataFrame(index=model_order(rows), columns=list(headers.values()), dtype=object)
+    for _, r in rows.iterrows():
+        out.loc[r["model"], headers[r["labels"]]] = _fmt(scale * r["value"], scale * r["ci_low"],
+                                                        scale * r["ci_high"], digits)
+    out.index.name = "model"
+    return out
+
+
 def read_results(metrics: pd.DataFrame, differences: pd.DataFrame, comparisons: Sequence[tuple[str, str]],
                  benchmark: str = "forced_choice", labels: str = "dag", direction: str = "t2i",
                  metric: str = "accuracy") -> list[str]:
