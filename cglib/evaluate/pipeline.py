@@ -617,8 +617,8 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
                           fingerprints)
         model_scores, seeds_values = _score_magic(items, emb, fc_sets, p.recall_at, p.coco_retrieval,
                                                   p.bootstrap_unit)
+        test_images = emb.images[np.array([emb.image_index[i] for i in items.image_ids])]
         if seen is not None:
-            test_images = emb.images[np.array([emb.image_index[i] for i in items.image_ids])]
             cluster_scores, clustering_info[label] = clustering_scores(items, test_images, seen, p.seeds,
                                                                        p.bootstrap_unit)
             model_scores.update(cluster_scores)
@@ -627,8 +627,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
 
             group_ids = np.unique(np.asarray(items.groups), return_inverse=True)[1]
             units = group_ids if p.bootstrap_unit == "group" else np.arange(len(items.image_ids))
-            model_scores.update(permutation_scores(kp, emb.images[[emb.image_index[i] for i in items.image_ids]],
-                                                   emb.text_vectors, emb.text_index, units))
+            model_scores.update(permutation_scores(kp, test_images, emb.text_vectors, emb.text_index, units))
         if hc is not None:
             emb_hc = store.embed(label, "hierarcaps", bundle, hc["ids"], hc_pix["source"], hc_pix["pixels"],
                                  hc["texts"], fingerprints)

@@ -347,7 +347,7 @@ class Trainer:
         else:  # a fresh image-text phase: the rows of the starting (or textually pretrained) weights
             memory = initial_memory(self.bundle, sampler, self.inputs.cache, momentum)
         memory.to(self.device).broadcast()  # DDP: every rank starts from rank 0's rows (then updates identically)
-        self.sampler_info = {**(self.sampler_info or {}), "memory": {"groups": len(memory), "momentum": momentum}}
+        self.sampler_info["memory"] = {"groups": len(memory), "momentum": momentum}
         return memory
 
     def _mcc_head(self, sampler: GroupBatchSampler) -> tuple[ConceptHead, ConceptBank]:
