@@ -157,6 +157,13 @@ class MagicParams(Section):
     sim_min: float = Field(0.9, ge=-1.0, le=1.0, description="Concept cosine needed to merge a small node (Sim_min).")
     hard_negative_sim: float = Field(0.85, ge=-1.0, le=1.0, description="Cosine above which same-level nodes are hard negatives.")
     min_hard_negatives: int = Field(0, ge=0, description="Guarantee at least k hard negatives per node (flagged fallbacks).")
+    max_hard_negatives: int | None = Field(
+        None, ge=1, description="Keep each node's K most similar threshold negatives (a pair kept by either node "
+        "is kept by both); null = every one (the paper). Bounds the pairs at K per node where names crowd together.")
+    negative_search: Literal["auto", "exact", "hnsw"] = Field(
+        "auto", description="How faiss finds the pairs above hard_negative_sim (each then decided in float64): exact "
+        "compares every pair of a level (O(n^2)); hnsw, a graph index (O(n log n)), pays only when "
+        "max_hard_negatives bounds the output; auto = hnsw for a capped level of more than 20,000 nodes, else exact.")
     embedder: Literal["minilm", "open_clip", "openai"] = Field("minilm", description="Concept-embedding model.")
     embedder_model: str | None = Field(None, description="open_clip: 'ARCH' or 'ARCH:PRETRAINED' (null: the model "
                                        "section); openai: embedding model (null: text-embedding-3-small).")

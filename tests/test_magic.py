@@ -298,6 +298,7 @@ def test_build_stores_negatives_per_level_and_flags_fallbacks():
     magic, _ = build(chains, table, p=params(min_hard_negatives=1))
     assert magic.negatives("l1:tennis", include_fallback=False) == ["l1:badminton"]
     assert magic.nodes["l1:wedding"].hard_negatives == []
+    assert set(magic.stats["settings"]["negative_search"].values()) == {"exact"}
     assert magic.nodes["l1:wedding"].fallback_negatives == ["l1:tennis"]
     assert magic.nodes["l2:sport"].fallback_negatives == ["l2:party"]
     assert magic.stats["hard_negatives"]["l1"]["nodes_with_fallback"] == 1

@@ -38,6 +38,7 @@ FORCED = {
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
     "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers", "train.re_data",
     "eval.bootstrap", "eval.zoo",
+    "search.trials",
 }
 
 

@@ -110,10 +110,13 @@ def build_magic(dataset: CaptionDataset, chains: dict[str, list[str]], params: P
                         primary_parent=dag.primary_parent(n), n_images=counts[n],
                         merged_from=sorted(dag.graph.nodes[n]["merged_from"]))
     threads = params.run.threads or None
+    searches: dict[str, str] = {}
     for level in range(1, m.l_max + 1):
         ids = dag.nodes_at(level)
         found = hard_negatives(ids, np.stack([vectors[n] for n in ids]), m.hard_negative_sim,
-                               m.min_hard_negatives, threads=threads)
+                               m.min_hard_negatives, threads=threads, search=m.negative_search,
+                               max_negatives=m.max_hard_negatives)
+        searches[f"l{level}"] = found.search
         for n in ids:
             nodes[n].hard_negatives = found.hard[n]
             nodes[n].fallback_negatives = found.fallback[n]
@@ -135,7 +138,8 @@ def build_magic(dataset: CaptionDataset, chains: dict[str, list[str]], params: P
     magic.stats = compute_stats(magic)
     magic.stats["generalization"] = gen
     magic.stats["settings"] = {"size_min": m.size_min, "sim_min": m.sim_min, "hard_negative_sim": m.hard_negative_sim,
-                               "min_hard_negatives": m.min_hard_negatives, "embedder": m.embedder,
+                               "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
+                               "negative_search": searches, "embedder": m.embedder,
                                "embedder_model": m.embedder_model, "test_fraction": m.test_fraction,
                                "seed": params.run.seed}
     check_invariants(magic)

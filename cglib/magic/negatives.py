@@ -1,71 +1,183 @@
 """Hard negatives (Algorithm 1): every other node of the same level whose concept cosine exceeds a threshold.
 
-faiss (`IndexFlatIP` on unit vectors, i.e. exact cosine) finds the candidate pairs; each pair's cosine is then
-computed once in float64 and used for both directions, so the relation is exactly symmetric even at the
-threshold. With `min_hard_negatives = k`, a node with fewer than k threshold negatives gets the most similar
-remaining nodes of its level as *fallback* negatives (flagged separately; not necessarily symmetric).
+faiss finds candidate pairs on the float32 unit vectors, a little below the threshold; each candidate pair's cosine
+is then computed once in float64 and used for both directions, so the float64 test alone decides and the relation
+is exactly symmetric even at the threshold. Two searches find the candidates (`magic.negative_search`):
+
+- `exact`: `IndexFlatIP`, every pair of the level compared, O(n^2) in the level's n nodes.
+- `hnsw`: `IndexHNSWFlat`, a graph index, O(n log n) to build and to search. Each node asks for its k nearest
+  neighbours with k doubling until the k-th falls below the threshold (or k reaches the cap), so no node is cut
+  short by k; a pair can only be missed where the graph search does not reach it. The graph is built in one
+  thread, so a run gives the same pairs every time.
+- `auto` (default): `hnsw` only for a capped search (`max_negatives`) of more than `EXACT_MAX_NODES` nodes,
+  `exact` otherwise.
+
+Why: the paper keeps every pair above the threshold, and where names crowd together that output itself grows
+quadratically (more names of the same themes), so no search can do better than exact's all-pairs pass, and
+exact is the faster of the two there (benchmarks/bench_negatives.py: 39 s exact and 43 s hnsw for 80,000 LLM-like
+l1 names and their 2.8M pairs; hnsw's recall 99.7%). A cap (`magic.max_hard_negatives`) bounds the output at
+about K pairs per node; then hnsw wins above ~20,000 nodes (18 s at 80,000, recall 100% where checked).
+
+With `min_hard_negatives = k`, a node with fewer than k threshold negatives gets the most similar remaining nodes of
+its level as *fallback* negatives (flagged separately; not necessarily symmetric).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
 
 _SLACK = 1e-4  # faiss searches a little below the threshold; the exact float64 test decides
+EXACT_MAX_NODES = 20_000  # a capped search above this uses hnsw (benchmarks/bench_negatives.py: where it is faster)
+_HNSW_LINKS, _HNSW_EF_CONSTRUCTION, _FIRST_K = 32, 80, 32
 
 
 @dataclass
 class Negatives:
-    """Per node: threshold negatives and fallbacks (both most similar first) and their cosines."""
+    """Per node: threshold negatives and fallbacks (both most similar first) and their cosines; the search used."""
 
     hard: dict[str, list[str]] = field(default_factory=dict)
     fallback: dict[str, list[str]] = field(default_factory=dict)
     similarity: dict[str, dict[str, float]] = field(default_factory=dict)
+    search: str = "exact"
+
+
+@contextmanager
+def _faiss_threads(n: int | None):
+    before = faiss.omp_get_max_threads()
+    if n:
+        faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _above(index: faiss.Index, x: np.ndarray, rows: np.ndarray, k: int, radius: float) -> tuple[np.ndarray, ...]:
+    """The k nearest of each of `rows` that lie above `radius`: (row, neighbour) pairs, and whether the k-th did."""
+    sims, found = index.search(x[rows], k)
+    hit = (found >= 0) & (sims > radius)
+    return np.repeat(rows, hit.sum(axis=1)), found[hit].astype(np.int64), hit[:, -1]
+
+
+def _exact_candidates(x: np.ndarray, radius: float, k_max: int | None) -> tuple[faiss.Index, np.ndarray, np.ndarray]:
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    if k_max is not None:  # capped: each node's k_max nearest are enough
+        rows, cols, _ = _above(index, x, np.arange(len(x)), min(k_max, len(x)), radius)
+        return index, rows, cols
+    lims, _, found = index.range_search(x, radius)
+    return index, np.repeat(np.arange(len(x)), np.diff(lims).astype(np.int64)), found.astype(np.int64)
+
+
+def _hnsw_candidates(x: np.ndarray, radius: float, k_max: int | None) -> tuple[faiss.Index, np.ndarray, np.ndarray]:
+    n = len(x)
+    limit = min(n, k_max or n)
+    index = faiss.IndexHNSWFlat(x.shape[1], _HNSW_LINKS, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = _HNSW_EF_CONSTRUCTION
+    with _faiss_threads(1):  # a multi-threaded build inserts in a racing order: another graph on every run
+        index.add(x)
+    rows, cols = [], []
+    todo, k = np.arange(n), min(_FIRST_K, limit)
+    while todo.size:
+        index.hnsw.efSearch = max(2 * k, 64)
+        found_rows, found_cols, kth_above = _above(index, x, todo, k, radius)
+        rows.append(found_rows)
+        cols.append(found_cols)
+        todo = todo[kth_above] if k < limit else todo[:0]  # k-th neighbour still above: there may be more
+        k = min(2 * k, limit)
+    return index, np.concatenate(rows), np.concatenate(cols)
+
+
+def _pair_cosines(exact: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """float64 cosine of each pair (a[i], b[i]), a chunk at a time: gathering all rows at once would copy
+    pairs x dim float64s (2 GB for 700k pairs of 384-d vectors)."""
+    out = np.empty(len(a))
+    for start in range(0, len(a), chunk):
+        end = start + chunk
+        out[start:end] = np.einsum("ij,ij->i", exact[a[start:end]], exact[b[start:end]])
+    return out
+
+
+def _keep_top(a: np.ndarray, b: np.ndarray, sims: np.ndarray, rank: np.ndarray, k: int) -> np.ndarray:
+    """Which pairs are among the k most similar (ties by id) of at least one of their two nodes."""
+    src, dst = np.concatenate([a, b]), np.concatenate([b, a])
+    order = np.lexsort((rank[dst], -np.concatenate([sims, sims]), src))
+    src = src[order]
+    position = np.arange(len(src)) - np.searchsorted(src, src)  # 0 = a node's most similar negative
+    keep = np.zeros(len(a), dtype=bool)
+    keep[np.concatenate([np.arange(len(a)), np.arange(len(a))])[order][position < k]] = True
+    return keep
 
 
 def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_negatives: int = 0,
-                   threads: int | None = None) -> Negatives:
-    """Hard negatives among `ids` (one level) from unit `vectors` (rows in `ids` order)."""
-    if threads:
-        faiss.omp_set_num_threads(threads)
-    out = Negatives()
+                   threads: int | None = None, search: str = "auto", max_negatives: int | None = None) -> Negatives:
+    """Hard negatives among `ids` (one level) from unit `vectors` (rows in `ids` order).
+
+    `max_negatives = K` keeps, of each node's threshold negatives, its K most similar; a pair kept by either of its
+    nodes is kept by both (the relation stays symmetric, so a node can hold more than K).
+    """
+    if search not in ("auto", "exact", "hnsw"):
+        raise ValueError(f"negative search {search!r}: use auto, exact or hnsw")
+    if max_negatives is not None and max_negatives < 1:
+        raise ValueError(f"max_negatives={max_negatives}: use a positive count, or None for every negative")
     n = len(ids)
+    bounded = max_negatives is not None and n > EXACT_MAX_NODES
+    kind = search if search != "auto" else ("hnsw" if bounded else "exact")
+    out = Negatives(search=kind)
     if n == 0:
         return out
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     exact = x.astype(np.float64)
-    index = faiss.IndexFlatIP(x.shape[1])
-    index.add(x)
-    lims, _, found = index.range_search(x, float(threshold) - _SLACK)
-    rows = np.repeat(np.arange(n), np.diff(lims).astype(np.int64))
-    cols = found.astype(np.int64)
-    off_diagonal = rows != cols
-    # each unordered pair once: faiss may list a pair in one direction only when it sits at the threshold
-    pairs = np.unique(np.sort(np.stack([rows, cols], axis=1)[off_diagonal], axis=1), axis=0).reshape(-1, 2)
-    pair_sims = np.einsum("ij,ij->i", exact[pairs[:, 0]], exact[pairs[:, 1]])
-    above = pair_sims > threshold
-    neigh: dict[int, dict[int, float]] = {i: {} for i in range(n)}
-    for (a, b), sim in zip(pairs[above].tolist(), pair_sims[above].tolist()):
-        neigh[a][b] = sim
-        neigh[b][a] = sim
-    k = min(min_negatives, n - 1)
-    if k > 0 and any(len(neigh[i]) < k for i in range(n)):
-        _, top = index.search(x, min(n, k + 1 + 8))  # a few spare rows: self and exact ties may take slots
+    with _faiss_threads(threads):
+        find = _exact_candidates if kind == "exact" else _hnsw_candidates
+        # capped: K + 1 (the node itself) + a few spare rows, since float32 ranks may differ from float64 ones
+        k_max = None if max_negatives is None else max_negatives + 1 + 8
+        index, rows, cols = find(x, float(threshold) - _SLACK, k_max)
+        # each unordered pair once: a search may list a pair in one direction only (at the threshold, or hnsw)
+        a, b = np.minimum(rows, cols), np.maximum(rows, cols)
+        keys = np.unique((a * n + b)[a != b])
+        a, b = keys // n, keys % n
+        pair_sims = _pair_cosines(exact, a, b)
+        above = pair_sims > threshold
+        a, b, pair_sims = a[above], b[above], pair_sims[above]
+        rank = {name: r for r, name in enumerate(sorted(ids))}
+        id_rank = np.array([rank[name] for name in ids])
+        if max_negatives is not None:
+            kept = _keep_top(a, b, pair_sims, id_rank, max_negatives)
+            a, b, pair_sims = a[kept], b[kept], pair_sims[kept]
+        k = min(min_negatives, n - 1)
+        counts = np.bincount(np.concatenate([a, b]), minlength=n)
+        top = None
+        if k > 0 and (counts < k).any():
+            if kind == "hnsw":
+                index.hnsw.efSearch = max(2 * (k + 9), 64)
+            _, top = index.search(x, min(n, k + 1 + 8))  # a few spare rows: self and exact ties may take slots
+
+    # both directions, each node's negatives most similar first, ties by id (sorted once, then sliced per node)
+    src, dst, sim = np.concatenate([a, b]), np.concatenate([b, a]), np.concatenate([pair_sims, pair_sims])
+    order = np.lexsort((id_rank[dst], -sim, src))
+    src, dst = src[order], dst[order]
+    names, sims = np.array(ids, dtype=object)[dst].tolist(), sim[order].tolist()
+    bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
     for i in range(n):
-        hard = sorted(neigh[i], key=lambda j: (-neigh[i][j], ids[j]))
-        sims = {ids[j]: neigh[i][j] for j in hard}
+        lo, hi = bounds[i], bounds[i + 1]
+        hard = names[lo:hi]
+        similarity = dict(zip(hard, sims[lo:hi], strict=True))
         fallback: list[str] = []
         if len(hard) < k:
-            candidates = {int(j) for j in top[i] if j >= 0 and j != i and j not in neigh[i]}
+            taken = set(dst[lo:hi].tolist())
+            candidates = {int(j) for j in top[i] if j >= 0 and j != i and j not in taken}
             if len(candidates) < k - len(hard):  # rare: many exact ties; fall back to all nodes
-                candidates = {j for j in range(n) if j != i and j not in neigh[i]}
+                candidates = {j for j in range(n) if j != i and j not in taken}
             scored = sorted(candidates, key=lambda j: (-float(exact[i] @ exact[j]), ids[j]))
             for j in scored[:k - len(hard)]:
                 fallback.append(ids[j])
-                sims[ids[j]] = float(exact[i] @ exact[j])
-        out.hard[ids[i]] = [ids[j] for j in hard]
+                similarity[ids[j]] = float(exact[i] @ exact[j])
+        out.hard[ids[i]] = hard
         out.fallback[ids[i]] = fallback
-        out.similarity[ids[i]] = sims
+        out.similarity[ids[i]] = similarity
     return out

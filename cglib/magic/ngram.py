@@ -223,10 +223,13 @@ def ngram_magic(magic: MagicFile, params: Params, embedder: Embedder | None = No
     embed = embedder or make_embedder(params)
     vectors = embed_names(embed, [n.name for n in nodes.values()])
     m = params.magic
+    searches: dict[str, str] = {}
     for level in range(1, l_max + 1):
         ids = [n.id for n in nodes.values() if n.level == level]
         found = hard_negatives(ids, np.stack([vectors[nodes[n].name] for n in ids]), m.hard_negative_sim,
-                               m.min_hard_negatives, threads=params.run.threads or None)
+                               m.min_hard_negatives, threads=params.run.threads or None, search=m.negative_search,
+                               max_negatives=m.max_hard_negatives)
+        searches[f"l{level}"] = found.search
         for n in ids:
             nodes[n].hard_negatives = found.hard[n]
             nodes[n].fallback_negatives = found.fallback[n]
@@ -241,7 +244,8 @@ def ngram_magic(magic: MagicFile, params: Params, embedder: Embedder | None = No
         "settings": {"n_max": g.n_max, "min_images": min_images, "max_document_fraction": g.max_document_fraction,
                      "stop_words": g.stop_words, "extra_stop_words": sorted(g.extra_stop_words),
                      "embedder": m.embedder, "hard_negative_sim": m.hard_negative_sim,
-                     "min_hard_negatives": m.min_hard_negatives},
+                     "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
+                     "negative_search": searches},
         "train_images": len(train), "images_covered": len(attached), "images_without_group": uncovered,
         "test_images_left_out": n_test, "candidate_ngrams": mined.candidates,
         "too_rare": mined.too_rare, "too_frequent": mined.too_frequent, "aliases": mined.aliases,
@@ -261,7 +265,8 @@ def ngram_key(magic_path: Path, params: Params) -> str:
     m = params.magic
     settings = {"ngram": params.ngram.model_dump(mode="json"), "size_min": m.size_min, "embedder": m.embedder,
                 "embedder_model": m.embedder_model, "hard_negative_sim": m.hard_negative_sim,
-                "min_hard_negatives": m.min_hard_negatives}
+                "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
+                "negative_search": m.negative_search}
     digest = hashlib.sha1(Path(magic_path).read_bytes())
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
