@@ -24,6 +24,7 @@ n log n would have between the same sizes; a stage above it (by more than 0.15, 
     python benchmarks/bench_scale.py --fractions 0.0625,0.25
     python benchmarks/bench_scale.py --fractions 0.25,1 # the issue's sizes (1/1: ~1.2 GB of PNGs, 1.5 GB cache)
     python benchmarks/bench_scale.py --fractions 0.25,1 --truth-chains  # every stage but the abstraction (~15 min)
+    python benchmarks/bench_scale.py --fractions 0.25,1 --truth-chains --max-hard-negatives 8 --negative-search hnsw
 
 A 224 px cache of 118k images is about 18 GB: at full scale cache at the demo's 64 px (the default), or pass
 --cache-size 224 --cache-sample 0.1 to cache a stated sample of the images at 224 px.
@@ -114,7 +115,7 @@ def llm_like_chains(chains: dict[str, list[str]], per_concept: int, seed: int = 
 
 
 def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, threads: int,
-            llm_like: bool = True, truth_chains: bool = False) -> dict:
+            llm_like: bool = True, truth_chains: bool = False, magic: dict | None = None) -> dict:
     """All stages at one size in this process; returns the figures (json-ready)."""
     import torch
 
@@ -136,7 +137,7 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
     torch.set_num_threads(threads)
     per_concept = max(2, round(fraction * COCO_TRAIN_IMAGES / CONCEPTS))
     params = Params.model_validate({"run": {"threads": threads, "seed": 0}, "llm": {"backend": "offline"},
-                                    "data": {"image_cache_size": cache_size}})
+                                    "data": {"image_cache_size": cache_size}, "magic": magic or {}})
     m = params.magic
     embed_texts(["warm-up"])  # loading MiniLM is a one-off per process, not a stage's cost
     make_embedder(params)(["warm-up"])
@@ -193,12 +194,17 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
     if dag.n_images == 0:
         raise SystemExit(f"every image was removed at fraction {fraction:g} (too few images per l1 name); use a "
                          "larger fraction or --taxonomy-chains")
+    pairs, searches = 0, []
     with stage("negatives"):
         for level in range(1, m.l_max + 1):
             ids = dag.nodes_at(level)
             if ids:
-                hard_negatives(ids, np.stack([vectors[x] for x in ids]), m.hard_negative_sim,
-                               m.min_hard_negatives, threads=threads)
+                found = hard_negatives(ids, np.stack([vectors[x] for x in ids]), m.hard_negative_sim,
+                                       m.min_hard_negatives, threads=threads, search=m.negative_search,
+                                       max_negatives=m.max_hard_negatives)
+                pairs += sum(map(len, found.hard.values())) // 2
+                searches.append(found.search)
+    info.update(hard_negative_pairs=pairs, negative_search=searches)
     with stage("split"):
         split_images(dag.images, m.split, m.test_fraction, params.run.seed)
     del dag, vectors
@@ -254,6 +260,9 @@ def main() -> None:
     parser.add_argument("--truth-chains", action="store_true", help="skip the abstraction stage (~90%% of the time "
                         "at full scale) and give the later stages the world's ground-truth chains, which the offline "
                         "backend reproduces nearly exactly (5,793 vs 5,805 l1 nodes at 1/1)")
+    parser.add_argument("--max-hard-negatives", type=int, help="magic.max_hard_negatives (default: none, the paper)")
+    parser.add_argument("--negative-search", choices=["auto", "exact", "hnsw"], default="auto",
+                        help="magic.negative_search")
     parser.add_argument("--work", help="work folder (default: a temporary folder, removed afterwards)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # internal: one size in this process
@@ -264,7 +273,9 @@ def main() -> None:
 
     if args.one is not None:
         figures = run_one(args.one, args.cache_size, args.cache_sample, Path(args.work), args.threads,
-                          llm_like=not args.taxonomy_chains, truth_chains=args.truth_chains)
+                          llm_like=not args.taxonomy_chains, truth_chains=args.truth_chains,
+                          magic={"max_hard_negatives": args.max_hard_negatives,
+                                 "negative_search": args.negative_search})
         Path(args.out).write_text(json.dumps(figures))
         return
 
@@ -280,7 +291,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", str(fraction), "--work", str(work), "--out", str(out),
                    "--cache-size", str(args.cache_size), "--cache-sample", str(args.cache_sample),
                    "--threads", str(args.threads), *(["--taxonomy-chains"] if args.taxonomy_chains else []),
-                   *(["--truth-chains"] if args.truth_chains else [])]
+                   *(["--truth-chains"] if args.truth_chains else []), "--negative-search", args.negative_search,
+                   *(["--max-hard-negatives", str(args.max_hard_negatives)] if args.max_hard_negatives else [])]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             subprocess.run(cmd, check=True, env=env)
             rows.append(json.loads(out.read_text()))
@@ -299,7 +311,8 @@ def main() -> None:
                   f"{s['cpu_s']:.2f} | {s['peak_rss_mb']} | {s['rss_rise_mb']} | {s['disk_mb']} |")
     for row in rows:
         print(f"{row['info']['images']} images: {row['info']['distinct_l1_names']} distinct l1 names in the chains, "
-              f"nodes per level {row['info']['nodes_per_level']}, build_magic steps "
+              f"nodes per level {row['info']['nodes_per_level']}, {row['info']['hard_negative_pairs']} hard-negative "
+              f"pairs ({', '.join(row['info']['negative_search'])} search per level), build_magic steps "
               f"{row['info']['magic_timing_s']}, cached {row['info']['cached_images']} images at "
               f"{args.cache_size} px, skipped {row['info']['captions_skipped'] or 'nothing'}")
     for line in growth(rows):

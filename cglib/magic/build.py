@@ -14,8 +14,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
 from cglib.magic.dag import ConceptDAG
@@ -24,7 +22,7 @@ from cglib.magic.export import write_graphml
 from cglib.magic.generalized_captions import Generalizer, add_generalized_captions
 from cglib.magic.invariants import check_invariants
 from cglib.magic.merge import merge_and_remove
-from cglib.magic.negatives import hard_negatives
+from cglib.magic.negatives import attach_negatives
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, save_magic
 from cglib.magic.split import split_images
 from cglib.magic.stats import compute_stats
@@ -109,18 +107,7 @@ def build_magic(dataset: CaptionDataset, chains: dict[str, list[str]], params: P
         nodes[n] = Node(id=n, level=dag.level(n), name=dag.name(n), parents=dag.parents(n),
                         primary_parent=dag.primary_parent(n), n_images=counts[n],
                         merged_from=sorted(dag.graph.nodes[n]["merged_from"]))
-    threads = params.run.threads or None
-    searches: dict[str, str] = {}
-    for level in range(1, m.l_max + 1):
-        ids = dag.nodes_at(level)
-        found = hard_negatives(ids, np.stack([vectors[n] for n in ids]), m.hard_negative_sim,
-                               m.min_hard_negatives, threads=threads, search=m.negative_search,
-                               max_negatives=m.max_hard_negatives)
-        searches[f"l{level}"] = found.search
-        for n in ids:
-            nodes[n].hard_negatives = found.hard[n]
-            nodes[n].fallback_negatives = found.fallback[n]
-            nodes[n].negative_similarity = found.similarity[n]
+    searches = attach_negatives(nodes, vectors, m, threads=params.run.threads or None)
     images = {i: ImageRecord(id=i, node=l1, captions=list(dataset.captions[i]), split=split[i],
                              raw_chain=usable[i])
               for l1, ids in sorted(dag.images.items()) for i in sorted(ids)}

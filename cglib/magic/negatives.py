@@ -26,9 +26,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
+
+if TYPE_CHECKING:
+    from cglib.config import MagicParams
+    from cglib.magic.schema import Node
 
 _SLACK = 1e-4  # faiss searches a little below the threshold; the exact float64 test decides
 EXACT_MAX_NODES = 20_000  # a capped search above this uses hnsw (benchmarks/bench_negatives.py: where it is faster)
@@ -181,3 +186,21 @@ def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_ne
         out.fallback[ids[i]] = fallback
         out.similarity[ids[i]] = similarity
     return out
+
+
+def attach_negatives(nodes: dict[str, Node], vectors: dict[str, np.ndarray], magic: MagicParams,
+                     threads: int | None = None) -> dict[str, str]:
+    """Each level's hard negatives, fallbacks and cosines written into its `nodes` (`vectors` keyed by node id),
+    with the `magic` section's settings; returns the search each level used ({"l1": "exact", ...})."""
+    searches = {}
+    for level in sorted({node.level for node in nodes.values()}):
+        ids = sorted(n for n, node in nodes.items() if node.level == level)
+        found = hard_negatives(ids, np.stack([vectors[n] for n in ids]), magic.hard_negative_sim,
+                               magic.min_hard_negatives, threads=threads, search=magic.negative_search,
+                               max_negatives=magic.max_hard_negatives)
+        searches[f"l{level}"] = found.search
+        for n in ids:
+            nodes[n].hard_negatives = found.hard[n]
+            nodes[n].fallback_negatives = found.fallback[n]
+            nodes[n].negative_similarity = found.similarity[n]
+    return searches

@@ -50,7 +50,7 @@ import numpy as np
 from cglib.config import Params
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
 from cglib.magic.invariants import check_invariants
-from cglib.magic.negatives import hard_negatives
+from cglib.magic.negatives import attach_negatives
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, load_magic, node_id, save_magic
 
 logger = logging.getLogger(__name__)
@@ -223,17 +223,8 @@ def ngram_magic(magic: MagicFile, params: Params, embedder: Embedder | None = No
     embed = embedder or make_embedder(params)
     vectors = embed_names(embed, [n.name for n in nodes.values()])
     m = params.magic
-    searches: dict[str, str] = {}
-    for level in range(1, l_max + 1):
-        ids = [n.id for n in nodes.values() if n.level == level]
-        found = hard_negatives(ids, np.stack([vectors[nodes[n].name] for n in ids]), m.hard_negative_sim,
-                               m.min_hard_negatives, threads=params.run.threads or None, search=m.negative_search,
-                               max_negatives=m.max_hard_negatives)
-        searches[f"l{level}"] = found.search
-        for n in ids:
-            nodes[n].hard_negatives = found.hard[n]
-            nodes[n].fallback_negatives = found.fallback[n]
-            nodes[n].negative_similarity = found.similarity[n]
+    searches = attach_negatives(nodes, {n: vectors[node.name] for n, node in nodes.items()}, m,
+                                threads=params.run.threads or None)
     images = {i: ImageRecord(id=i, node=node_id(1, attached[i]), captions=train[i], split="train")
               for i in sorted(attached)}
     n_test = len(magic.images) - len(train)
