@@ -110,3 +110,22 @@ def load_taxonomy_from_text(text: str):
         path = Path(folder) / "t.yaml"
         path.write_text(text)
         return load_taxonomy(path)
+
+
+@pytest.mark.parametrize("profile, taxonomy", [("hierarcaps", "everyday"), ("demo", "synthetic")])
+def test_profile_threshold_gives_real_hard_negatives_with_its_embedder(profile, taxonomy):
+    """A profile's magic.hard_negative_sim suits its concept embedder: at least a third of its taxonomy's l1
+    concepts have a real (threshold) hard negative among the others, so batches are not all fallbacks (at the
+    paper's 0.85, MiniLM gives none)."""
+    import numpy as np
+
+    from cglib.magic.embedders import embed_names, make_embedder
+    from cglib.magic.negatives import hard_negatives
+
+    params = load_params(REPO / "params" / f"{profile}.yaml", check_paths=False)
+    names = sorted(load_taxonomy(taxonomy).l1)
+    by_name = embed_names(make_embedder(params), names)
+    vectors = np.stack([by_name[n] for n in names])
+    found = hard_negatives(names, vectors, params.magic.hard_negative_sim)
+    assert sum(1 for n in names if found.hard[n]) >= len(names) / 3
+    assert not any(hard_negatives(names, vectors, 0.85).hard.values())
