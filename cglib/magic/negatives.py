@@ -16,7 +16,8 @@ Why: the paper keeps every pair above the threshold, and where names crowd toget
 quadratically (more names of the same themes), so no search can do better than exact's all-pairs pass, and
 exact is the faster of the two there (benchmarks/bench_negatives.py: 39 s exact and 43 s hnsw for 80,000 LLM-like
 l1 names and their 2.8M pairs; hnsw's recall 99.7%). A cap (`magic.max_hard_negatives`) bounds the output at
-about K pairs per node; then hnsw wins above ~20,000 nodes (18 s at 80,000, recall 100% where checked).
+about K pairs per node; then hnsw wins above ~20,000 nodes (18 s at 80,000; recall of the exact capped pairs
+99.995% at 20,000, the largest size checked).
 
 With `min_hard_negatives = k`, a node with fewer than k threshold negatives gets the most similar remaining nodes of
 its level as *fallback* negatives (flagged separately; not necessarily symmetric).
