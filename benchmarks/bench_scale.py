@@ -131,7 +131,7 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
     from cglib.magic.dag import ConceptDAG
     from cglib.magic.embedders import embed_names, make_embedder
     from cglib.magic.merge import merge_and_remove
-    from cglib.magic.negatives import hard_negatives
+    from cglib.magic.negatives import level_negatives
     from cglib.magic.split import split_images
 
     torch.set_num_threads(threads)
@@ -194,16 +194,10 @@ def run_one(fraction: float, cache_size: int, cache_sample: float, work: Path, t
     if dag.n_images == 0:
         raise SystemExit(f"every image was removed at fraction {fraction:g} (too few images per l1 name); use a "
                          "larger fraction or --taxonomy-chains")
-    pairs, searches = 0, []
     with stage("negatives"):
-        for level in range(1, m.l_max + 1):
-            ids = dag.nodes_at(level)
-            if ids:
-                found = hard_negatives(ids, np.stack([vectors[x] for x in ids]), m.hard_negative_sim,
-                                       m.min_hard_negatives, threads=threads, search=m.negative_search,
-                                       max_negatives=m.max_hard_negatives)
-                pairs += sum(map(len, found.hard.values())) // 2
-                searches.append(found.search)
+        found = level_negatives({level: dag.nodes_at(level) for level in range(1, m.l_max + 1)}, vectors, m, threads)
+    pairs = sum(len(hard) for negatives in found.values() for hard in negatives.hard.values()) // 2
+    searches = [negatives.search for negatives in found.values()]
     info.update(hard_negative_pairs=pairs, negative_search=searches)
     with stage("split"):
         split_images(dag.images, m.split, m.test_fraction, params.run.seed)

@@ -108,15 +108,21 @@ def _pair_cosines(exact: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 
     return out
 
 
-def _keep_top(a: np.ndarray, b: np.ndarray, sims: np.ndarray, rank: np.ndarray, k: int) -> np.ndarray:
-    """Which pairs are among the k most similar (ties by id) of at least one of their two nodes."""
-    src, dst = np.concatenate([a, b]), np.concatenate([b, a])
-    order = np.lexsort((rank[dst], -np.concatenate([sims, sims]), src))
-    src = src[order]
-    position = np.arange(len(src)) - np.searchsorted(src, src)  # 0 = a node's most similar negative
-    keep = np.zeros(len(a), dtype=bool)
-    keep[np.concatenate([np.arange(len(a)), np.arange(len(a))])[order][position < k]] = True
-    return keep
+def _sorted_lists(a: np.ndarray, b: np.ndarray, sims: np.ndarray, rank: np.ndarray, cap: int | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both directions of every pair (src, dst, cosine), grouped by src, most similar first, ties by id rank. With
+    `cap`, only the pairs among the `cap` most similar of at least one of their nodes (in both directions)."""
+    pair = np.concatenate([np.arange(len(a)), np.arange(len(a))])
+    src, dst, sim = np.concatenate([a, b]), np.concatenate([b, a]), np.concatenate([sims, sims])
+    order = np.lexsort((rank[dst], -sim, src))
+    src, dst, sim, pair = src[order], dst[order], sim[order], pair[order]
+    if cap is not None:
+        position = np.arange(len(src)) - np.searchsorted(src, src)  # 0 = a node's most similar negative
+        kept = np.zeros(len(a), dtype=bool)
+        kept[pair[position < cap]] = True
+        both = kept[pair]  # filtering keeps the order
+        src, dst, sim = src[both], dst[both], sim[both]
+    return src, dst, sim
 
 
 def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_negatives: int = 0,
@@ -149,25 +155,17 @@ def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_ne
         a, b = keys // n, keys % n
         pair_sims = _pair_cosines(exact, a, b)
         above = pair_sims > threshold
-        a, b, pair_sims = a[above], b[above], pair_sims[above]
         rank = {name: r for r, name in enumerate(sorted(ids))}
         id_rank = np.array([rank[name] for name in ids])
-        if max_negatives is not None:
-            kept = _keep_top(a, b, pair_sims, id_rank, max_negatives)
-            a, b, pair_sims = a[kept], b[kept], pair_sims[kept]
+        src, dst, sim = _sorted_lists(a[above], b[above], pair_sims[above], id_rank, max_negatives)
         k = min(min_negatives, n - 1)
-        counts = np.bincount(np.concatenate([a, b]), minlength=n)
         top = None
-        if k > 0 and (counts < k).any():
+        if k > 0 and (np.bincount(src, minlength=n) < k).any():
             if kind == "hnsw":
                 index.hnsw.efSearch = max(2 * (k + 9), 64)
             _, top = index.search(x, min(n, k + 1 + 8))  # a few spare rows: self and exact ties may take slots
 
-    # both directions, each node's negatives most similar first, ties by id (sorted once, then sliced per node)
-    src, dst, sim = np.concatenate([a, b]), np.concatenate([b, a]), np.concatenate([pair_sims, pair_sims])
-    order = np.lexsort((id_rank[dst], -sim, src))
-    src, dst = src[order], dst[order]
-    names, sims = np.array(ids, dtype=object)[dst].tolist(), sim[order].tolist()
+    names, sims = np.array(ids, dtype=object)[dst].tolist(), sim.tolist()
     bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
     for i in range(n):
         lo, hi = bounds[i], bounds[i + 1]
@@ -179,29 +177,36 @@ def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_ne
             candidates = {int(j) for j in top[i] if j >= 0 and j != i and j not in taken}
             if len(candidates) < k - len(hard):  # rare: many exact ties; fall back to all nodes
                 candidates = {j for j in range(n) if j != i and j not in taken}
-            scored = sorted(candidates, key=lambda j: (-float(exact[i] @ exact[j]), ids[j]))
-            for j in scored[:k - len(hard)]:
+            cosine = {j: float(exact[i] @ exact[j]) for j in candidates}
+            for j in sorted(candidates, key=lambda j: (-cosine[j], ids[j]))[:k - len(hard)]:
                 fallback.append(ids[j])
-                similarity[ids[j]] = float(exact[i] @ exact[j])
+                similarity[ids[j]] = cosine[j]
         out.hard[ids[i]] = hard
         out.fallback[ids[i]] = fallback
         out.similarity[ids[i]] = similarity
     return out
 
 
+def level_negatives(levels: dict[int, list[str]], vectors: dict[str, np.ndarray], magic: MagicParams,
+                    threads: int | None = None) -> dict[int, Negatives]:
+    """`hard_negatives` of each non-empty level ({level: node ids}; `vectors` keyed by node id) with the `magic`
+    section's settings."""
+    return {level: hard_negatives(ids, np.stack([vectors[n] for n in ids]), magic.hard_negative_sim,
+                                  magic.min_hard_negatives, threads=threads, search=magic.negative_search,
+                                  max_negatives=magic.max_hard_negatives)
+            for level, ids in levels.items() if ids}
+
+
 def attach_negatives(nodes: dict[str, Node], vectors: dict[str, np.ndarray], magic: MagicParams,
                      threads: int | None = None) -> dict[str, str]:
     """Each level's hard negatives, fallbacks and cosines written into its `nodes` (`vectors` keyed by node id),
     with the `magic` section's settings; returns the search each level used ({"l1": "exact", ...})."""
-    searches = {}
-    for level in sorted({node.level for node in nodes.values()}):
-        ids = sorted(n for n, node in nodes.items() if node.level == level)
-        found = hard_negatives(ids, np.stack([vectors[n] for n in ids]), magic.hard_negative_sim,
-                               magic.min_hard_negatives, threads=threads, search=magic.negative_search,
-                               max_negatives=magic.max_hard_negatives)
-        searches[f"l{level}"] = found.search
+    levels = {level: sorted(n for n, node in nodes.items() if node.level == level)
+              for level in sorted({node.level for node in nodes.values()})}
+    found = level_negatives(levels, vectors, magic, threads)
+    for level, ids in levels.items():
         for n in ids:
-            nodes[n].hard_negatives = found.hard[n]
-            nodes[n].fallback_negatives = found.fallback[n]
-            nodes[n].negative_similarity = found.similarity[n]
-    return searches
+            nodes[n].hard_negatives = found[level].hard[n]
+            nodes[n].fallback_negatives = found[level].fallback[n]
+            nodes[n].negative_similarity = found[level].similarity[n]
+    return {f"l{level}": negatives.search for level, negatives in found.items()}
