@@ -160,8 +160,9 @@ def parse_model_spec(spec: str, run_model):
 
 
 def _evaluate_model(args: argparse.Namespace) -> int:
-    from cglib.evaluate import report
     from cglib.evaluate.pipeline import ModelLoadError, evaluate_model
+    from cglib.evaluate.report import markdown_table
+    from cglib.evaluate.table3 import table3_display
     from cglib.run import RunContext, seed_everything, set_threads, training_dir
     from cglib.train.checkpoint import INITIAL
 
@@ -191,7 +192,7 @@ def _evaluate_model(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(report.markdown_table(report.table3_display(result.table3)))
+    print(markdown_table(table3_display(result.table3)))
     print(f"results: {result.directory} (metrics.csv, table3.md, results.json)")
     return 0
 

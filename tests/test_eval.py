@@ -22,7 +22,9 @@ from cglib.evaluate.forced_choice import NO_VALID, sample_forced_choice, score_f
 from cglib.evaluate.gallery import gallery_scores
 from cglib.evaluate.hierarcaps import batch_partners, hierarchical_metric, in_batch_accuracy, level_retrieval
 from cglib.evaluate.items import DAG, MagicItems, TextField, build_items
+from cglib.evaluate.reading import read_results
 from cglib.evaluate.retrieval import chance_recall, pessimistic_ranks, ranked_metrics
+from cglib.evaluate.table3 import table3, table3_display, table3_markdown
 from tests.factories import tiny_magic
 
 
@@ -340,23 +342,23 @@ def test_reading_states_significance_from_the_paired_ci():
     """A difference whose CI excludes 0 is stated as a win with its CI; one whose CI includes 0 is 'no
     significant difference'; a model whose CI covers chance is called indistinguishable from chance."""
     metrics, diffs = toy_metrics()
-    text = report.read_results(metrics, diffs, [("pairwise", "clip")])
+    text = read_results(metrics, diffs, [("pairwise", "clip")])
     assert "pairwise beats clip at l1 by 10.0 points (95% CI [2.0, 18.0])" in text[0]
     assert "no significant difference (paired CI includes 0) at l2 (+3.0 [-4.0, 10.0])" in text[0]
     assert any(s.startswith("zero-shot: indistinguishable from chance") for s in text)
-    reverse = report.read_results(metrics, diffs, [("clip", "pairwise")])
+    reverse = read_results(metrics, diffs, [("clip", "pairwise")])
     assert "clip is worse than pairwise at l1 by 10.0 points (95% CI [-18.0, -2.0])" in reverse[0]
 
 
 def test_table3_marks_exposed_models_and_formats_cis():
     """Table 3 has one row per model with value and CI per column; exposed models carry a dagger."""
     metrics, _ = toy_metrics()
-    table = report.table3(metrics)
+    table = table3(metrics)
     assert list(table.index) == ["zero-shot", "clip", "pairwise"]
     assert table.loc["clip", "MAGIC l1"] == pytest.approx(62.0)
-    shown = report.table3_display(table)
+    shown = table3_display(table)
     assert "pairwise †" in shown.index and shown.loc["clip", "COCO"] == "60.0 [55.0, 65.0]"
-    md = report.table3_markdown(table, ["note"])
+    md = table3_markdown(table, ["note"])
     assert "| pairwise † |" in md and "- note" in md
 
 

@@ -18,7 +18,7 @@ from cglib.evaluate.clustering import (
     seen_concepts,
 )
 from cglib.evaluate.items import build_items
-from cglib.evaluate.report import table3
+from cglib.evaluate.table3 import table3
 from cglib.magic.schema import load_magic, save_magic
 from tests.factories import tiny_magic
 

@@ -9,6 +9,17 @@ import pytest
 
 from cglib.evaluate import report
 from cglib.evaluate.bootstrap import Scores, confidence_intervals, set_difference
+from cglib.evaluate.gains import (
+    GAIN_COLUMNS,
+    GAINS,
+    ModelRole,
+    best_model,
+    gain_rows,
+    gain_sets,
+    gains_display,
+    model_roles,
+)
+from cglib.evaluate.table3 import table3, table3_markdown
 
 LEVELS = ["generalized", "l1", "l2"]
 HEADERS = {"generalized": "MAGIC captions", "l1": "MAGIC l1", "l2": "MAGIC l2"}
@@ -51,26 +62,26 @@ def synthetic(p: dict[str, float], n_images: int = 400, seeds: int = 2, rng_seed
 def test_roles_from_saved_model_info_and_older_files():
     """Roles come from results.json's models; files without the role fields get them from loss/pretrain; the
     future HierarCaps rows fit the scheme; an unknown objective is an error naming the model."""
-    roles = report.model_roles(PAPER_MODELS)
+    roles = model_roles(PAPER_MODELS)
     assert roles["zero-shot"].is_base and not roles["clip"].is_base
-    assert roles["pairwise_pretrain"] == report.ModelRole("pairwise_pretrain", True, "pairwise", "with_concepts",
+    assert roles["pairwise_pretrain"] == ModelRole("pairwise_pretrain", True, "pairwise", "with_concepts",
                                                           "zero-shot", True)
     old = [{k: m[k] for k in ("name", "loss", "pretrain", "exposed_to_eval_strings")} for m in PAPER_MODELS]
-    assert report.model_roles(old) == roles
+    assert model_roles(old) == roles
 
     future = PAPER_MODELS + [
         {"name": "hierarcaps", "fine_tuned_on_magic": False, "objective": "re", "pretrain": "none",
          "init": "zero-shot"},
         {"name": "hierarcaps_ft", "fine_tuned_on_magic": True, "objective": "clip", "pretrain": "none",
          "init": "hierarcaps"}]
-    sets = report.gain_sets(report.model_roles(future), best="pairwise")
+    sets = gain_sets(model_roles(future), best="pairwise")
     assert sets["MAGIC"][:2] == (["clip", "centroid", "pairwise", "pairwise_pretrain", "hierarcaps_ft"],
                                  ["zero-shot", "hierarcaps"])
     assert sets["Loss Function"][:2] == (["centroid", "pairwise", "pairwise_pretrain"], ["clip", "hierarcaps_ft"])
     assert sets["Pretraining"][:2] == (["pairwise_pretrain"], ["pairwise"])
     assert sets["Best Model"][:2] == (["pairwise"], ["zero-shot"])  # the HierarCaps model is not the base
     with pytest.raises(ValueError, match="'odd'.*objective 'triplet'"):
-        report.model_roles([{"name": "odd", "objective": "triplet", "fine_tuned_on_magic": True}])
+        model_roles([{"name": "odd", "objective": "triplet", "fine_tuned_on_magic": True}])
 
 
 def test_set_difference_is_the_difference_of_set_means_with_a_paired_interval():
@@ -99,10 +110,10 @@ def test_gain_rows_recover_known_effects_and_state_significance():
     true = {"zero-shot": 0.55, "clip": 0.70, "centroid": 0.70, "pairwise": 0.70, "pairwise_pretrain": 0.70}
     # one seeded draw: each null CI contains 0 with probability 0.95 (the coverage test below checks the rate)
     metrics, scores = synthetic(true, n_images=600, rng_seed=1)
-    roles = report.model_roles(PAPER_MODELS)
-    gains, notes = report.gain_rows(metrics, scores, roles, resamples=400, ci=0.95, seed=0)
-    assert list(gains.columns) == report.GAIN_COLUMNS
-    assert set(gains["gain"]) == set(report.GAINS) and set(gains["column"]) == set(HEADERS.values())
+    roles = model_roles(PAPER_MODELS)
+    gains, notes = gain_rows(metrics, scores, roles, resamples=400, ci=0.95, seed=0)
+    assert list(gains.columns) == GAIN_COLUMNS
+    assert set(gains["gain"]) == set(GAINS) and set(gains["column"]) == set(HEADERS.values())
     for _, r in gains.iterrows():
         by_model = scores[("forced_choice", "dag", "t2i", "accuracy", r["level"])]
         a, b = r["models_a"].split(";"), r["models_b"].split(";")
@@ -123,11 +134,11 @@ def test_gain_rows_recover_known_effects_and_state_significance():
     assert "Not significant (the CI contains 0) at MAGIC captions, MAGIC l1, MAGIC l2" in text
     assert "MAGIC (fine-tuned on MAGIC minus not" in text and "Significant at every scored column" in text
 
-    shown = report.gains_display(gains)
-    assert list(shown.index) == [f"Avg Accuracy Gain w.r.t. {g}" for g in report.GAINS]
+    shown = gains_display(gains)
+    assert list(shown.index) == [f"Avg Accuracy Gain w.r.t. {g}" for g in GAINS]
     assert shown.loc["Avg Accuracy Gain w.r.t. MAGIC", "MAGIC l1"].endswith("%) *")
-    assert report._signed(-0.04) == "+0.0" and report._signed(-0.06) == "-0.1"
-    md = report.table3_markdown(report.table3(metrics), ["a note"], gains, notes)
+    assert report.signed(-0.04) == "+0.0" and report.signed(-0.06) == "-0.1"
+    md = table3_markdown(table3(metrics), ["a note"], gains_display(gains), notes)
     lines = md.splitlines()
     model_row = next(i for i, line in enumerate(lines) if line.startswith("| pairwise_pretrain |"))
     gain_row = next(i for i, line in enumerate(lines) if line.startswith("| Avg Accuracy Gain w.r.t. MAGIC |"))
@@ -159,20 +170,20 @@ def test_missing_sets_give_a_note_not_a_crash():
     metrics, scores = synthetic({"zero-shot": 0.5, "clip": 0.6, "pairwise": 0.65}, n_images=50)
     l2 = ("forced_choice", "dag", "t2i", "accuracy", "l2")
     scores[l2] = {m: Scores(np.zeros(0), np.zeros(0, dtype=np.int64)) for m in scores[l2]}
-    roles = report.model_roles(PAPER_MODELS[:2] + PAPER_MODELS[3:4])
-    gains, notes = report.gain_rows(metrics, scores, roles, resamples=50, ci=0.95, seed=0)
+    roles = model_roles(PAPER_MODELS[:2] + PAPER_MODELS[3:4])
+    gains, notes = gain_rows(metrics, scores, roles, resamples=50, ci=0.95, seed=0)
     assert set(gains["gain"]) == {"MAGIC", "Loss Function", "Best Model"}
     assert "Pretraining: absent: no model with textual pretraining in this run (train.runs: pretrain)." in notes
     assert any("No scorable item at MAGIC l2" in n for n in notes if n.startswith("MAGIC ("))
-    assert report.gains_display(gains).loc["Avg Accuracy Gain w.r.t. MAGIC", "MAGIC l2"] == "-"
+    assert gains_display(gains).loc["Avg Accuracy Gain w.r.t. MAGIC", "MAGIC l2"] == "-"
     best = gains[gains["gain"] == "Best Model"]
     assert set(best["models_a"]) == {"pairwise"}
 
-    alone = report.model_roles(PAPER_MODELS[:1])
+    alone = model_roles(PAPER_MODELS[:1])
     zs_metrics = metrics[metrics["model"] == "zero-shot"]
-    gains, notes = report.gain_rows(zs_metrics, scores, alone, resamples=50, ci=0.95, seed=0)
+    gains, notes = gain_rows(zs_metrics, scores, alone, resamples=50, ci=0.95, seed=0)
     assert gains.empty and sum("absent" in n for n in notes) == 4
-    md = report.table3_markdown(report.table3(zs_metrics), [], gains, notes)
+    md = table3_markdown(table3(zs_metrics), [], gains_display(gains), notes)
     assert "Avg Accuracy Gain w.r.t. MAGIC |" not in md and "- MAGIC: absent" in md
 
 
@@ -184,13 +195,13 @@ def test_related_methods_enter_no_gain_set():
          "init": "zero-shot", "related": ["momentum concept memory (DCCL, Pu et al. CVPR 2023)"]},
         {"name": "mcc", "fine_tuned_on_magic": True, "objective": "mcc", "pretrain": "none", "init": "zero-shot",
          "related": ["concept-conditioned image contrast, MCC (C3)"]}]
-    roles = report.model_roles(related)
+    roles = model_roles(related)
     assert roles["centroid_memory"].related and not roles["centroid"].related
-    sets = report.gain_sets(roles, best="pairwise")
-    assert sets == report.gain_sets(report.model_roles(PAPER_MODELS), best="pairwise")
+    sets = gain_sets(roles, best="pairwise")
+    assert sets == gain_sets(model_roles(PAPER_MODELS), best="pairwise")
     metrics, _ = synthetic({"zero-shot": 0.6, "clip": 0.65, "centroid": 0.7, "pairwise": 0.7,
                             "pairwise_pretrain": 0.72, "centroid_memory": 0.9, "mcc": 0.9})
-    assert report.best_model(metrics, roles) == "pairwise_pretrain"
+    assert best_model(metrics, roles) == "pairwise_pretrain"
 
 
 def test_related_methods_of_a_run_entry():

@@ -9,7 +9,7 @@ from pathlib import Path
 from cglib.evaluate.forced_choice import sample_forced_choice
 from cglib.evaluate.items import FALLBACK_REASON, build_items
 from cglib.evaluate.pipeline import leakage_note
-from cglib.evaluate.report import table3_notes
+from cglib.evaluate.table3 import table3_notes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from factories import tiny_magic

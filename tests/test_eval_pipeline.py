@@ -159,7 +159,7 @@ def test_hierarcaps_leaves_out_images_the_models_trained_on(tmp_path):
     HierarCaps number and counted; eval.hierarcaps_include_train: true scores them, with the caution note."""
     from cglib.data.coco_export import write_synthetic_coco
     from cglib.evaluate.pipeline import _load_hierarcaps
-    from cglib.evaluate.report import hierarcaps_items_note
+    from cglib.evaluate.table3 import hierarcaps_items_note
 
     written = write_synthetic_coco(tmp_path / "coco", images_per_concept=1, hierarcaps_per_concept=1)
     data = {"hierarcaps_csv": str(written.hierarcaps_csv), "hierarcaps_images": str(written.hierarcaps_images)}

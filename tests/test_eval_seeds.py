@@ -20,6 +20,8 @@ from cglib.evaluate.bootstrap import (
     stack_seeds,
 )
 from cglib.evaluate.multiplicity import holm, holm_significant
+from cglib.evaluate.reading import read_results
+from cglib.evaluate.table3 import table3, table3_markdown, table3_notes, table3_protocols, zero_shot_section
 
 
 # ----------------------------------------------------------------------------------- hierarchical bootstrap
@@ -130,7 +132,7 @@ def test_reading_says_how_many_cells_and_adjusts_before_calling_a_difference_sig
     """Four forced-choice cells read (clip and pairwise vs zero-shot at l1, l2), every CI excluding 0: only
     pairwise at l1 (p 0.001 -> Holm 0.004) stays significant; clip's l1 (0.02 -> 0.06) is called nominal."""
     metrics, diffs = toy(P_VALUES)
-    text = report.read_results(metrics, diffs, [("clip", "zero-shot"), ("pairwise", "zero-shot")])
+    text = read_results(metrics, diffs, [("clip", "zero-shot"), ("pairwise", "zero-shot")])
     assert text[0].startswith("4 paired differences are read below") and "Holm's correction over all 4" in text[0]
     assert "accuracy; means over 3 training seeds)" in text[0]
     clip, pairwise = text[1], text[2]
@@ -142,22 +144,22 @@ def test_table3_headers_state_protocol_and_chance_and_the_zero_shot_section_adju
     """Every Table 3 header names its protocol (2-way forced choice, 100-way in-batch) and its chance; the rows
     say how many seeds they rest on; the zero-shot section counts its cells and marks only Holm survivors."""
     metrics, diffs = toy(P_VALUES)
-    table = report.table3(metrics)
+    table = table3(metrics)
     assert table.loc["clip", "HierarCaps l1 chance"] == pytest.approx(1.4) and table.loc["clip", "seeds"] == 3
     info = {"settings": {"choices": 2, "hierarcaps_batch": 100, "seeds": [0], "bootstrap": 100,
                          "training_seeds": [0, 1, 2]}, "hierarcaps": {"n_items": 1000}}
-    protocols = report.table3_protocols(table, info)
+    protocols = table3_protocols(table, info)
     assert protocols == {"MAGIC l1": "2-way forced choice, chance 50.0%", "MAGIC l2": "2-way forced choice, chance 50.0%",
                          "HierarCaps l1": "100-way in-batch, chance 1.4%"}
-    section = report.zero_shot_section(diffs, metrics)
-    md = report.table3_markdown(table, ["note"], protocols=protocols, zero_shot=section)
+    section = zero_shot_section(diffs, metrics)
+    md = table3_markdown(table, ["note"], protocols=protocols, zero_shot=section)
     assert "| model | MAGIC l1 (2-way forced choice, chance 50.0%) |" in md
     assert "HierarCaps l1 (100-way in-batch, chance 1.4%) | seeds |" in md and "| clip | 65.0 [63.0, 67.0]" in md
     assert "6 cells compared with the zero-shot model" in md and "Holm's correction over the 6 cells" in md
     assert "| pairwise | +10.0 [0.5, 20.0] * |" in md  # 0.001 * 6 = 0.006: survives
     assert "| clip | +5.0 [0.5, 10.0] |" in md  # 0.02 * 5 = 0.1: does not
     assert report.seeds_phrase(info["settings"]) == "3 training seeds [0, 1, 2]"
-    notes = report.table3_notes({**info, "hierarcaps": None, "models": [],
+    notes = table3_notes({**info, "hierarcaps": None, "models": [],
                                  "items": {"n_test_images": 10, "n_groups": 2, "ground_truth": False}})
     assert notes[0].startswith("Cells: text->image accuracy in %, the mean over 3 training seeds [0, 1, 2]; 95%")
     assert "resamples of the training seeds, then the test images, one draw shared" in notes[0]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from cglib.config import ParamsError, parse_params
-from cglib.evaluate import report
+from cglib.evaluate.gains import GAIN_COLUMNS, best_model, gain_notes, gain_sets, model_roles
 from tests.test_eval_pipeline import make_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,17 +65,17 @@ def test_a_zoo_model_is_in_no_gain_set_and_never_the_best_or_the_base():
                "init": "zero-shot"},
               {"name": "openai", "loss": None, "fine_tuned_on_magic": False, "objective": "none", "init": None,
                "zoo": True, "spec": {"name": "ViT-B-32", "pretrained": "openai"}}]
-    roles = report.model_roles(models)
+    roles = model_roles(models)
     assert roles["openai"].zoo and not roles["openai"].is_base and roles["zero-shot"].is_base
-    best = report.best_model(_metrics({"zero-shot": 0.5, "clip": 0.6, "pairwise": 0.7, "openai": 0.9}), roles)
+    best = best_model(_metrics({"zero-shot": 0.5, "clip": 0.6, "pairwise": 0.7, "openai": 0.9}), roles)
     assert best == "pairwise"
-    sets = report.gain_sets(roles, best)
+    sets = gain_sets(roles, best)
     assert sets["MAGIC"][:2] == (["clip", "pairwise"], ["zero-shot"])
     assert sets["Best Model"][:2] == (["pairwise"], ["zero-shot"])
     assert all("openai" not in a + b for a, b, _ in sets.values())
-    only_zoo = report.model_roles([models[0], models[3]])
-    assert report.best_model(_metrics({"zero-shot": 0.5, "openai": 0.9}), only_zoo) is None
-    notes = report.gain_notes(pd.DataFrame(columns=report.GAIN_COLUMNS), sets, roles, 100, 0.95)
+    only_zoo = model_roles([models[0], models[3]])
+    assert best_model(_metrics({"zero-shot": 0.5, "openai": 0.9}), only_zoo) is None
+    notes = gain_notes(pd.DataFrame(columns=GAIN_COLUMNS), sets, roles, 100, 0.95)
     assert any(n.startswith("Zoo models (openai: frozen reference models") for n in notes)
 
 

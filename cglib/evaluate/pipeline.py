@@ -44,7 +44,6 @@ import pandas as pd
 
 from cglib.config import ModelParams
 from cglib.data.dataset import CaptionDataset, load_ground_truth
-from cglib.evaluate import report
 from cglib.evaluate.bootstrap import Scores, intervals_and_differences, repeat_seeds, stack_seeds
 from cglib.evaluate.clustering import clustering_scores, seen_concepts
 from cglib.evaluate.embeddings import (
@@ -60,11 +59,15 @@ from cglib.evaluate.forced_choice import (
     sample_forced_choice,
     score_forced_choice,
 )
+from cglib.evaluate.gains import GAIN_COLUMNS, gain_rows, gains_display, model_roles
 from cglib.evaluate.gallery import MetricScores, gallery_scores
 from cglib.evaluate.hierarcaps import ROOT_TEXT, hierarchical_metric, in_batch_accuracy, level_retrieval
 from cglib.evaluate.items import CAPTIONS, MagicItems, build_items
 from cglib.evaluate.multiplicity import holm
+from cglib.evaluate.reading import read_results
+from cglib.evaluate.report import DIFF_COLUMNS, METRIC_COLUMNS, SEED_COLUMNS, metric_table
 from cglib.evaluate.retrieval import set_faiss_threads
+from cglib.evaluate.table3 import table3, table3_markdown, table3_notes, table3_protocols, zero_shot_section
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.magic.schema import load_magic
 from cglib.magic.stats import leakage
@@ -136,8 +139,8 @@ class EvalResults:
     info: dict
     directory: Path
     paths: dict[str, Path] = field(default_factory=dict)
-    gains: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=report.GAIN_COLUMNS))
-    seeds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=report.SEED_COLUMNS))
+    gains: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=GAIN_COLUMNS))
+    seeds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SEED_COLUMNS))
 
     @property
     def models(self) -> list[str]:
@@ -153,15 +156,15 @@ class EvalResults:
 
     def reading(self, **selection: str) -> list[str]:
         """The automatic reading of one metric (default: forced choice, text->image, DAG labels, accuracy)."""
-        return report.read_results(self.metrics, self.differences, self.comparisons(), **selection)
+        return read_results(self.metrics, self.differences, self.comparisons(), **selection)
 
     def table(self, benchmark: str, labels: str, direction: str, metric: str) -> pd.DataFrame:
         """Models x levels of one metric, 'value [low, high]'."""
-        return report.metric_table(self.metrics, benchmark, labels, direction, metric)
+        return metric_table(self.metrics, benchmark, labels, direction, metric)
 
     def notes(self) -> list[str]:
         """How each Table 3 column was computed, the items, the exposures (as in table3.md)."""
-        return report.table3_notes(self.info)
+        return table3_notes(self.info)
 
     def gain_notes(self) -> list[str]:
         """How the gain rows under Table 3 were computed, the models in each mean, what is not significant."""
@@ -198,7 +201,7 @@ def zoo_info(name: str, spec: ModelParams) -> dict:
 
 def _model_info(run: RunContext) -> list[dict]:
     """The zero-shot model and every trained run, with what their training saw and their role in the gain rows
-    (`report.ModelRole`: fine_tuned_on_magic, objective, pretrain, init), from each run's training summary.json
+    (`gains.ModelRole`: fine_tuned_on_magic, objective, pretrain, init), from each run's training summary.json
     of the first training seed (roles do not depend on the seed; the params' values where the summary does not
     say), then the zoo models (`eval.zoo`)."""
     infos = [_zero_shot_info()]
@@ -318,7 +321,7 @@ def seed_values(scores: dict[Key, dict[str, MetricScores]], train_seeds: list[in
             for k, value in zip(["-"] if name in frozen else train_seeds, values):
                 rows.append({"model": name, "training_seed": k, "benchmark": benchmark, "labels": labels,
                              "direction": direction, "metric": metric, "level": level, "value": float(value)})
-    return pd.DataFrame(rows, columns=report.SEED_COLUMNS)
+    return pd.DataFrame(rows, columns=SEED_COLUMNS)
 
 
 def summarize(scores: dict[Key, dict[str, MetricScores]], models: list[dict], resamples: int, ci: float,
@@ -355,13 +358,13 @@ def summarize(scores: dict[Key, dict[str, MetricScores]], models: list[dict], re
                               "direction": direction, "metric": metric, "level": level, "difference": iv.value,
                               "ci_low": iv.low, "ci_high": iv.high, "n": iv.n_units, "n_seeds": iv.n_seeds,
                               "significant": iv.significant, "p_value": iv.p_value})
-    differences = pd.DataFrame(diff_rows, columns=report.DIFF_COLUMNS)
+    differences = pd.DataFrame(diff_rows, columns=DIFF_COLUMNS)
     # the family of a difference: every pair and level of its benchmark, labels, direction and metric
     family = ["benchmark", "labels", "direction", "metric"]
     differences["p_holm"] = (differences.groupby(family, sort=False)["p_value"].transform(lambda p: holm(p.to_numpy()))
                              if len(differences) else pd.Series(dtype=float))
     differences["significant_holm"] = differences["p_holm"].le(1 - ci)
-    return pd.DataFrame(metric_rows, columns=report.METRIC_COLUMNS), differences
+    return pd.DataFrame(metric_rows, columns=METRIC_COLUMNS), differences
 
 
 def _intervals(key: Key, scores: dict[str, Scores], pairs: list[tuple[str, str]], resamples: int, ci: float,
@@ -650,7 +653,7 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
 
     metrics, differences = summarize(scores, models, p.bootstrap, p.ci, params.run.seed, excluded, exposure)
     seeds_table = seed_values(scores, train_seeds, {m["name"] for m in models if m.get("zoo")})
-    table = report.table3(metrics)
+    table = table3(metrics)
     info = {
         "protocol": PROTOCOL,
         "settings": {"choices": p.choices, "seeds": p.seeds, "training_seeds": train_seeds,
@@ -686,11 +689,11 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
             "per_model": clustering_info},
         "embeddings_computed": {**run_store.computed, **own_store.computed},
     }
-    info["reading"] = report.read_results(metrics, differences, EvalResults(
+    info["reading"] = read_results(metrics, differences, EvalResults(
         metrics, differences, table, info, out_dir).comparisons())
-    gains, gain_notes = report.gain_rows(metrics, {k: _paired_seeds({n: ms.scores for n, ms in v.items()})
+    gains, gain_notes = gain_rows(metrics, {k: _paired_seeds({n: ms.scores for n, ms in v.items()})
                                                    for k, v in scores.items()},
-                                         report.model_roles(models), p.bootstrap, p.ci, params.run.seed)
+                                         model_roles(models), p.bootstrap, p.ci, params.run.seed)
     info["gains"] = {"notes": gain_notes}
     info["seconds"] = round(time.perf_counter() - start, 2)
     paths = _write(out_dir, run, metrics, differences, table, info, scores, gains, seeds_table)
@@ -782,9 +785,9 @@ def _write(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differences: p
     differences.to_csv(paths["differences"], index=False)
     table.to_csv(paths["table3_csv"])
     gains.to_csv(paths["gains"], index=False)
-    paths["table3_md"].write_text(report.table3_markdown(
-        table, report.table3_notes(info), gains, info["gains"]["notes"], report.table3_protocols(table, info),
-        report.zero_shot_section(differences, metrics, info["settings"].get("ci", 0.95))), encoding="utf-8")
+    paths["table3_md"].write_text(table3_markdown(
+        table, table3_notes(info), gains_display(gains), info["gains"]["notes"], table3_protocols(table, info),
+        zero_shot_section(differences, metrics, info["settings"].get("ci", 0.95))), encoding="utf-8")
     arrays = {}
     for key, by_model in scores.items():
         for model, ms in by_model.items():
@@ -809,15 +812,15 @@ def load_results(run_dir: str | Path) -> EvalResults:
     metrics = pd.read_csv(directory / METRICS_FILE, dtype={"exposure": str, "level": str})
     for column, default in (("n_seeds", 1), ("seed_sd", float("nan"))):  # files written before train.seeds
         if column not in metrics.columns:
-            metrics.insert(report.METRIC_COLUMNS.index(column), column, default)
+            metrics.insert(METRIC_COLUMNS.index(column), column, default)
     metrics["exposure"] = metrics["exposure"].fillna("")
     differences = pd.read_csv(directory / DIFFERENCES_FILE)
     table = pd.read_csv(directory / "table3.csv", index_col="model")
     gains_path = directory / GAINS_FILE  # absent in evaluations written before the gain rows
     gains = (pd.read_csv(gains_path, dtype={"level": str, "models_a": str, "models_b": str}) if gains_path.is_file()
-             else pd.DataFrame(columns=report.GAIN_COLUMNS))
+             else pd.DataFrame(columns=GAIN_COLUMNS))
     seeds = (pd.read_csv(directory / SEEDS_FILE, dtype={"level": str, "training_seed": str})
-             if (directory / SEEDS_FILE).is_file() else pd.DataFrame(columns=report.SEED_COLUMNS))
+             if (directory / SEEDS_FILE).is_file() else pd.DataFrame(columns=SEED_COLUMNS))
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=directory,
                        paths={p.stem: p for p in directory.iterdir() if p.is_file()}, gains=gains, seeds=seeds)
 
