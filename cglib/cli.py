@@ -160,7 +160,8 @@ def parse_model_spec(spec: str, run_model):
 
 
 def _evaluate_model(args: argparse.Namespace) -> int:
-    from cglib.evaluate.pipeline import ModelLoadError, evaluate_model
+    from cglib.evaluate.loading import ModelLoadError
+    from cglib.evaluate.pipeline import evaluate_model
     from cglib.evaluate.report import markdown_table
     from cglib.evaluate.table3 import table3_display
     from cglib.run import RunContext, seed_everything, set_threads, training_dir

@@ -472,7 +472,7 @@ class TrainParams(Section):
 
 
 # -------------------------------------------------------------------------------------------- eval
-ZERO_SHOT_NAME = "zero-shot"  # the untrained initial model's row name (cglib.evaluate.pipeline.ZERO_SHOT)
+ZERO_SHOT_NAME = "zero-shot"  # the untrained initial model's row name (cglib.evaluate.loading.ZERO_SHOT)
 MINILM_CONFIGS = ("cglib-demo-vit", "cglib-tiny-vit")  # cglib configs whose default text tower is MiniLM
 
 
@@ -530,6 +530,10 @@ class EvalParams(Section):
         "(LLM_gen failed) in the generalized-caption column; default false: left out and counted.")
     coco_retrieval: bool = Field(True, description="Caption retrieval on the test split's original captions.")
     batch_size: int = Field(256, ge=1, description="Encoding batch size.")
+    benchmarks: list[str] = Field(
+        default_factory=list, description="Your own benchmarks, scored after the built-in ones on the same models "
+        "and items: each 'package.module:ClassName' of a subclass of cglib.evaluate.benchmarks.Benchmark, importable "
+        "where the run runs (an installed package or a folder on PYTHONPATH).")
     zoo: list[ZooModelParams] = Field(
         default_factory=list, description="Frozen reference models scored on the same items as the trained ones "
         "(rows of metrics.csv, differences.csv, Table 3; in no gain set), each {name: ROW, model: {a model "
@@ -543,6 +547,17 @@ class EvalParams(Section):
             raise ValueError(f"'{ZERO_SHOT_NAME}' is the untrained model's row; rename that eval.zoo entry "
                              "(e.g. clip-openai)")
         return zoo
+
+    @field_validator("benchmarks")
+    @classmethod
+    def _benchmark_plugins(cls, paths: list[str]) -> list[str]:
+        if not paths:  # no import of the evaluation package when loading params that plug in nothing
+            return paths
+        from cglib.evaluate.benchmarks import load_benchmark  # here: cglib.evaluate imports this module
+
+        names = [load_benchmark(path).name for path in paths]  # a ValueError says what to fix
+        _unique(names, "eval.benchmarks (their names)")
+        return paths
 
     @field_validator("recall_at")
     @classmethod

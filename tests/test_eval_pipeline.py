@@ -158,7 +158,7 @@ def test_hierarcaps_leaves_out_images_the_models_trained_on(tmp_path):
     """HierarCaps is unseen data: by default items whose image is in MAGIC's train split are left out of every
     HierarCaps number and counted; eval.hierarcaps_include_train: true scores them, with the caution note."""
     from cglib.data.coco_export import write_synthetic_coco
-    from cglib.evaluate.pipeline import _load_hierarcaps
+    from cglib.evaluate.benchmarks.hierarcaps import HierarCaps, load_hierarcaps_items
     from cglib.evaluate.table3 import hierarcaps_items_note
 
     written = write_synthetic_coco(tmp_path / "coco", images_per_concept=1, hierarcaps_per_concept=1)
@@ -173,12 +173,11 @@ def test_hierarcaps_leaves_out_images_the_models_trained_on(tmp_path):
     for include, expected in ((False, len(stems) - 5), (True, len(stems))):
         run = make_run(tmp_path / str(include), runs=[], data=data, hierarcaps=True, hierarcaps_batch=4,
                        hierarcaps_include_train=include)
-        hc = _load_hierarcaps(run, seen_magic, lambda: 32, progress=False)
-        assert len(hc["items"]) == len(hc["ids"]) == expected
-        assert hc["overlap"] == {"any": 8, "train": 5}
-        assert set(stems[:5]).isdisjoint(hc["ids"]) != include
-        note = hierarcaps_items_note({"n_items": len(hc["items"]), "overlap_with_run_images": hc["overlap"],
-                                      "include_train": hc["include_train"], "left_out_train": hc["left_out_train"]})
+        hc = load_hierarcaps_items(run, seen_magic, 32, progress=False)
+        assert len(hc.items) == len(hc.images.ids) == expected
+        assert hc.overlap == {"any": 8, "train": 5}
+        assert set(stems[:5]).isdisjoint(hc.images.ids) != include
+        note = hierarcaps_items_note(HierarCaps().describe(hc, {})["hierarcaps"])
         if include:
             assert "5 of them on images in this run's MAGIC train split" in note and "compare with care" in note
         else:
@@ -188,4 +187,4 @@ def test_hierarcaps_leaves_out_images_the_models_trained_on(tmp_path):
     all_train = magic.model_copy(update={"images": {s: train[0].model_copy(update={"id": s}) for s in stems}})
     run = make_run(tmp_path / "all", runs=[], data=data, hierarcaps=True, hierarcaps_batch=4)
     with pytest.raises(ValueError, match="none is unseen; raise magic.test_fraction"):
-        _load_hierarcaps(run, all_train, lambda: 32, progress=False)
+        load_hierarcaps_items(run, all_train, 32, progress=False)

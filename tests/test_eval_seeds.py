@@ -218,7 +218,7 @@ def test_summary_of_per_model_items_keeps_the_seeds_axis():
     """Kendall tau drops, per model, the chains whose distances all tie: each model keeps its own items for its
     interval, and the difference uses the items both kept, under each of the two seeds."""
     from cglib.evaluate.gallery import MetricScores
-    from cglib.evaluate.pipeline import summarize
+    from cglib.evaluate.summary import summarize
 
     key = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
     a = Scores(np.array([[0.5, 0.6, 0.7, 0.8], [0.4, 0.6, 0.7, 0.9]]), np.array([0, 1, 2, 3]))

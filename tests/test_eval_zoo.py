@@ -177,7 +177,7 @@ def test_zoo_models_are_scored_on_the_same_items_and_unloadable_ones_skipped(zoo
 def test_zoo_cache_key_holds_the_spec(tmp_path):
     """Same weights, another spec (activation): the cached embeddings are not reused."""
     from cglib.config import ModelParams
-    from cglib.evaluate.pipeline import zoo_fingerprints
+    from cglib.evaluate.loading import zoo_fingerprints
     from cglib.models import build_model
 
     spec = ModelParams(**TINY_CLIP)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from reference_losses import ref_clip_hn_loss, ref_clip_loss
 
+from cglib.data.permute import KINDS, KeywordPermuter, coco_permuter, cyclic, pairs, synthetic_permuter
 from cglib.data.synthetic import make_world
 from cglib.losses import clip_hn_loss, clip_loss
-from cglib.related.permute import KINDS, KeywordPermuter, coco_permuter, cyclic, pairs, synthetic_permuter
 
 COCO_LIKE = ["A white cat under an umbrella.", "Two dogs sitting on top of a red bed.",
              "A hot dog next to an apple on a dining table.", "Large elephants walking left of a tall tree.",

@@ -3,6 +3,7 @@
 Public entry points: `evaluate_run(run) -> EvalResults` (writes every result file) and `load_results(run_dir)`.
 """
 
-from cglib.evaluate.pipeline import EvalResults, evaluate_run, load_results, load_scores
+from cglib.evaluate.pipeline import evaluate_run
+from cglib.evaluate.results import EvalResults, load_results, load_scores
 
 __all__ = ["EvalResults", "evaluate_run", "load_results", "load_scores"]

@@ -4,7 +4,7 @@ rebuild the same ones.
 
 For pair b of a batch (flattened over the WHOLE batch, groups in order, as the losses see it), from a generator
 seeded by (seed, epoch, index, HN_STREAM) and three uniforms per pair (a fixed draw count, so one pair's choice
-never shifts another's): the concept type among those with a keyword in the pair's text (cglib.related.permute),
+never shifts another's): the concept type among those with a keyword in the pair's text (cglib.data.permute),
 the keyword occurrence of that type, and the replaced column among the batch's pairs whose text differs from
 b's (its unmasked negatives). A pair without any keyword, or whose batch holds no other text, has no hard
 negative (column -1); both are counted per epoch for the run summary.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cglib.related.permute import KINDS, KeywordPermuter
+from cglib.data.permute import KINDS, KeywordPermuter
 from cglib.train.sampler import GroupBatch, GroupBatchSampler
 
 HN_STREAM = 21  # generator stream of the hard negatives: distinct from the sampler's (seed, epoch, index, 1)

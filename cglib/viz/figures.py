@@ -188,7 +188,7 @@ class VizRun:
             return None
         # Evaluation's own ids, strings and tower fingerprints give evaluation's own keys: a valid cache is read
         # as is; a stale one is recomputed into exactly what evaluation itself would write (no key thrashing).
-        from cglib.evaluate.pipeline import model_fingerprints
+        from cglib.evaluate.loading import model_fingerprints
 
         fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name, self.training_seed)
         if fingerprints is None:

@@ -1,7 +1,7 @@
 """The keyword-permutation test (Rösch et al.): does a model prefer an image's true caption over the same caption
 with one keyword of a concept type swapped? Per type, chance is 50%.
 
-For each evaluation seed, MAGIC test image and concept type (cglib.related.permute.KINDS), a generator seeded by
+For each evaluation seed, MAGIC test image and concept type (cglib.data.permute.KINDS), a generator seeded by
 (seed, type, image position) picks one of the image's captions that hold a keyword of the type and one keyword
 occurrence in it; the item is correct when cos(image, caption) > cos(image, permuted caption) (a tie is wrong,
 as in the forced choice). The choice depends on the seeds and the items only, so every model is scored on identical texts. An image
@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cglib.data.permute import KINDS, KeywordPermuter, permuter_for
+from cglib.evaluate.benchmarks.base import Benchmark, EvalContext, Key, Scored, image_vectors
 from cglib.evaluate.bootstrap import Scores
+from cglib.evaluate.embeddings import Embeddings
 from cglib.evaluate.gallery import I2T, MetricScores
-from cglib.related.permute import KINDS, KeywordPermuter
 
 BENCHMARK = "keyword_permutation"
 LEVEL = "caption"
@@ -39,7 +41,7 @@ class PermutationItems:
         return sorted({t for by_kind in (self.originals, self.permuted) for seeds in by_kind.values()
                        for texts in seeds for t in texts})
 
-    def key(self, kind: str) -> tuple[str, str, str, str, str]:
+    def key(self, kind: str) -> Key:
         """The metric key of one concept type: (benchmark, labels, direction, metric, level)."""
         return BENCHMARK, kind, I2T, "accuracy", LEVEL
 
@@ -89,3 +91,28 @@ def permutation_scores(items: PermutationItems, images: np.ndarray, text_vectors
                         np.concatenate(units) if units else np.zeros(0, np.int64))
         out[items.key(kind)] = MetricScores(scores, 0.5)
     return out
+
+
+class KeywordPermutation(Benchmark):
+    name = BENCHMARK
+
+    def enabled(self, params) -> bool:
+        return params.eval.keyword_permutation
+
+    def prepare(self, context: EvalContext) -> PermutationItems:
+        return permutation_items(context.items.field("caption").texts, permuter_for(context.params),
+                                 context.params.eval.seeds)
+
+    def texts(self, items: PermutationItems) -> list[str]:
+        return items.texts()
+
+    def score(self, items: PermutationItems, emb: Embeddings, context: EvalContext) -> Scored:
+        return Scored(permutation_scores(items, image_vectors(emb, context.items.image_ids), emb.text_vectors,
+                                         emb.text_index, context.image_units))
+
+    def excluded(self, items: PermutationItems, per_model: dict[str, dict]) -> dict[Key, int]:
+        return {items.key(kind): items.excluded(kind) for kind in items.counts}
+
+    def describe(self, items: PermutationItems, per_model: dict[str, dict]) -> dict:
+        return {"settings": {"keyword_permutation": True},
+                "items": {"keyword_permutation": {"relations": items.relations, "per_type": items.counts}}}
