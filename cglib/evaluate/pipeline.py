@@ -214,6 +214,7 @@ def _model_info(run: RunContext) -> list[dict]:
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
                       "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT),
+                      "objective_family": summary.get("objective_family"),
                       "exposure": summary.get("exposure") or [],
                       "weights": (summary.get("weights_source") or {}).get("kind", "trained here")})
     return infos + [zoo_info(z.name, z.model) for z in run.params.eval.zoo]

@@ -79,19 +79,22 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
 
 def finish(trainer: Trainer) -> dict[str, Any]:
     """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
-    s, entry, t, files = trainer.state, trainer.entry, trainer.t, trainer.files
-    re = entry.loss == "re"
+    s, entry, t, files, objective = trainer.state, trainer.entry, trainer.t, trainer.files, trainer.objective
+    re = not entry.trains_images()  # a text objective (re): no image-text phase
     trained = {"image": not re, "text": files.text_phase or not files.freeze_text}
     exposed = exposure(trainer.params, entry)
     summary = {
         "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
         "text_source": text_source(trainer.params, entry), "related": related_methods(entry),
-        # the roles evaluation reads (report.ModelRole): an re run is the HierarCaps baseline, not a MAGIC fine-tune
-        "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
+        # the roles evaluation reads (report.ModelRole), from the objective: an re run is the HierarCaps baseline,
+        # not a MAGIC fine-tune; Table 3's gain rows compare objective families, never names
+        "objective": objective.name or entry.loss, "objective_family": objective.family,
+        "objective_label": objective.label, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
         "re_training": trainer.re_info,
-        # loss: clip_hn: hard negatives per epoch, with the pairs that had no keyword to permute (no hard negative)
-        "hard_negatives": trainer.hard_negative_info,
+        # what the objective reports of its run, e.g. clip_hn's hard negatives per epoch (pairs without a keyword
+        # to permute have none), a memory's size, mcc's concept head
+        "hard_negatives": None, **(objective.describe() or {}),
         # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
         "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,

@@ -17,24 +17,22 @@ from typing import Any
 
 import torch
 
-from cglib import losses
 from cglib.config import TrainRunParams
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.models import ClipModel, Towers, encode_texts, tokenize
-from cglib.related.mcc_head import ConceptBank, ConceptHead, build_head
-from cglib.related.memory import ConceptMemory, initial_memory
 from cglib.run import RunContext, seed_everything
 from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.checkpoint import Progress, RunFiles
 from cglib.train.distributed import DistInfo
 from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved_precision
 from cglib.train.inputs import TrainInputs, run_spec, text_source
+from cglib.train.objectives import Objective, Setup, TextAlignment, build_objective
 from cglib.train.optim import amp_dtype
 from cglib.train.pretrain import TextPairSampler
 from cglib.train.released import TRAINED_HERE, load_released, released_present
 from cglib.train.runlog import LOG_COLUMNS, RunLog
 from cglib.train.sampler import GroupBatchSampler
-from cglib.train.step import Stepper, group_step_loss, set_trainable, wrap
+from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
 from cglib.train.text_phase import ProjectedTexts, text_phase_trainable
 
 logger = logging.getLogger(__name__)
@@ -57,7 +55,14 @@ class Trainer:
         self.files = RunFiles(run, entry.name, {**self.spec, "data": inputs.fingerprint}, info,
                               resolved_precision(self.device, self.amp))
         self.hash, self.out = self.files.hash, self.files.out
-        self.state = Progress(phase="re" if entry.loss == "re" else "pretrain" if entry.pretrain != "none" else "train")
+        # the objective's run-long state (a head, a memory) lives in it; the loop only calls its hooks
+        self.objective: Objective = build_objective(run.params, entry, self.spec["run"]).to(self.device)
+        if info.distributed and self.objective.distributed_refusal:
+            raise ValueError(f"run {entry.name!r} (loss: {entry.loss}) cannot run under torchrun: "
+                             f"{self.objective.distributed_refusal}; run it without torchrun")
+        first = self.objective.phase if self.objective.phase != "train" else \
+            "pretrain" if entry.pretrain != "none" else "train"
+        self.state = Progress(phase=first)
         # (progress, rng, stepper) at the last completed optimizer step: weights and optimizer only change inside
         # Stepper's interrupt-proof update, so together with them this is an exact checkpoint at any interruption
         self.boundary: tuple[dict[str, Any], dict[str, Any], Stepper | None] | None = None
@@ -67,9 +72,7 @@ class Trainer:
         self.pretrain_info: dict[str, Any] | None = None
         self.n_precomputed = 0
         self.re_info: dict[str, Any] | None = None
-        self.hard_negative_info: dict[str, Any] | None = None  # loss: clip_hn (cglib.related.hard_negatives)
         self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
-        self.memory: ConceptMemory | None = None  # the concept memory of a memory_momentum run (related/memory.py)
         if inputs.groups != entry.groups:
             raise ValueError(f"run {entry.name!r} trains on groups: {entry.groups}, but these inputs hold "
                              f"{inputs.groups} groups; load them with load_inputs(run, groups={entry.groups!r}) "
@@ -82,7 +85,7 @@ class Trainer:
 
     def _save_boundary(self) -> None:
         if self.boundary is not None:
-            self.files.save_checkpoint(self.bundle, *self.boundary, memory=self.memory)
+            self.files.save_checkpoint(self.bundle, *self.boundary, objective=self.objective)
 
     # ------------------------------------------------------------------------------------ main
     def __call__(self) -> dict[str, Any]:
@@ -208,7 +211,7 @@ class Trainer:
                          total: int, projected: ProjectedTexts | None) -> None:
         per = sampler.batch_size // self.info.world_size
         part = slice(self.info.rank * per, (self.info.rank + 1) * per)
-        tau = self.spec["run"]["tau"]
+        align = TextAlignment(self.spec["run"])
 
         def loss_fn(pair: tuple[list[str], list[str]]) -> dict[str, torch.Tensor]:
             captions, targets = pair
@@ -216,7 +219,7 @@ class Trainer:
                 text = projected(captions[part] + targets[part])
             else:
                 _, text = module(None, self.bundle.tokenizer(captions[part] + targets[part]).to(self.device))
-            return {"loss": losses.text_alignment_loss(text[:per], text[per:], tau=tau)}
+            return align(text[:per], text[per:])
 
         def advance(result: dict[str, float]) -> None:
             s = self.state
@@ -241,11 +244,9 @@ class Trainer:
     # ------------------------------------------------------------------------------------ loss: re
     def _re(self, ckpt: dict[str, Any] | None) -> None:
         """The HierarCaps RE alignment (re_run.py): the text tower alone, on train.re_data's items."""
-        from cglib.train.re_run import LOSS_PARTS, REBatchSampler, re_items, re_step_loss
+        from cglib.train.re_run import LOSS_PARTS, REBatchSampler, re_items
 
         t = self.t
-        if self.info.world_size > 1:
-            raise ValueError(f"run {self.entry.name!r} (loss: re) trains on one process; run it without torchrun")
         items, described = re_items(self.params, self.inputs.magic)
         sampler = REBatchSampler(items, t.re_batch_size, self.run.train_seed)
         per_epoch = len(sampler)
@@ -261,7 +262,7 @@ class Trainer:
             original = self.files.fresh_model()
             original.model.to(self.device)
         frozen = torch.from_numpy(encode_texts(original, texts)).to(self.device)
-        rows = {text: k for k, text in enumerate(texts)}
+        self.objective.reference(frozen, {text: k for k, text in enumerate(texts)})
         self.n_precomputed = len(texts)
         projected = text_phase_trainable(self.bundle, t.text_trains, [*texts, ""], self.info.world_size)
         # eval mode: no dropout, as in HierarCaps' CLIP (whose towers have none); with a dropout tower (MiniLM:
@@ -271,7 +272,6 @@ class Trainer:
         stepper = self._stepper(module, t.re_lr, total, "re", ckpt)
         self._announce(f"RE alignment (text {t.text_trains})", per_epoch, t.re_epochs,
                        f"train.re_data: {t.re_data}, {len(items)} items, batch {sampler.batch_size}")
-        weights = {"w_mean": t.re_w_mean, "w_minimax": t.re_w_minimax, "w_reg": t.re_w_reg}
 
         def embed(texts: list[str]) -> torch.Tensor:
             if projected is not None:
@@ -279,7 +279,7 @@ class Trainer:
             return module(None, tokenize(self.bundle, texts).to(self.device))[1]
 
         def loss_fn(batch: list) -> dict[str, torch.Tensor]:
-            return re_step_loss(embed, batch, frozen, rows, weights)
+            return self.objective(embed, batch)
 
         def advance(result: dict[str, float]) -> None:
             s = self.state
@@ -317,62 +317,25 @@ class Trainer:
         s.compute_s += time.perf_counter() - tick - wait
         s.fallback_batches += sum(1 for item in items if item["fallback_groups"])
         s.repeated_images += sum(item["repeated_images"] for item in items)
-        if self.memory is not None:  # the memory moves with the weights: a skipped step changes neither
-            self.memory.discard() if result.get("skipped") else self.memory.commit()
+        self.objective.after_step(bool(result.get("skipped")))
         self._mark(stepper)
 
     def _text_table(self, sampler: GroupBatchSampler, extra: set[str] | None = None
                     ) -> tuple[dict[str, int] | None, torch.Tensor | None]:
-        """A frozen text tower's embeddings of every text a batch can hold (`extra`: clip_hn's permuted texts)."""
+        """A frozen text tower's embeddings of every text a batch can hold (`extra`: an objective's replacement
+        texts, e.g. clip_hn's permuted captions)."""
         if not self.params.model.freeze_text:
             return None, None
         texts = sorted(set(sampler.all_texts()) | extra) if extra else sampler.all_texts()
         table = torch.from_numpy(encode_texts(self.bundle, texts)).to(self.device)
         return {t: k for k, t in enumerate(texts)}, table
 
-    def _memory(self, sampler: GroupBatchSampler, ckpt: dict[str, Any] | None) -> ConceptMemory | None:
-        """The run's concept memory (memory_momentum): from the checkpoint, else encoded at the starting weights."""
-        momentum = self.entry.memory_momentum
-        if momentum is None:
-            return None
-        saved = None if ckpt is None else ckpt.get("memory")
-        if saved is not None:
-            memory = ConceptMemory.from_state_dict(saved)
-            if len(memory) != len(sampler.groups):
-                raise ValueError(f"{self.files.ckpt_dir} holds a memory of {len(memory)} groups but the run trains "
-                                 f"{len(sampler.groups)}; delete it (or set train.resume: false) to start over")
-        elif ckpt is not None and ckpt["progress"]["step"] > 0:
-            raise ValueError(f"{self.files.ckpt_dir} holds no concept memory for run {self.entry.name!r}; delete "
-                             "it (or set train.resume: false) to start over")
-        else:  # a fresh image-text phase: the rows of the starting (or textually pretrained) weights
-            memory = initial_memory(self.bundle, sampler, self.inputs.cache, momentum)
-        memory.to(self.device).broadcast()  # DDP: every rank starts from rank 0's rows (then updates identically)
-        self.sampler_info["memory"] = {"groups": len(memory), "momentum": momentum}
-        return memory
-
-    def _mcc_head(self, sampler: GroupBatchSampler) -> tuple[ConceptHead, ConceptBank]:
-        """loss: mcc: the concept head (seeded by the training seed) and the training groups' concept embeddings,
-        their node names encoded once by the run's STARTING text tower (also when resuming, or after textual
-        pretraining changed the tower: the head's input never depends on where a run was interrupted)."""
-        if self.info.world_size > 1:
-            raise ValueError(f"run {self.entry.name!r} (loss: mcc) trains on one process for now (its concept head "
-                             "is not synchronized across ranks); run it without torchrun")
-        if self.t.pairs_per_group < 2:
-            raise ValueError("loss mcc contrasts images within a group: set train.pairs_per_group >= 2")
+    def _start_model(self) -> ClipModel:
+        """The run's STARTING model: the current one before any step, else rebuilt without touching the RNG."""
         if self.state.global_step == 0:
-            start = self.bundle
-        else:
-            with torch.random.fork_rng(devices=[]):  # building a model draws init weights: keep the run's RNG stream
-                start = self.files.fresh_model()
-        groups = list(sampler.groups)
-        table = torch.from_numpy(encode_texts(start, [self.inputs.magic.nodes[g].name for g in groups]))
-        bank = ConceptBank({g: k for k, g in enumerate(groups)}, table.to(self.device))
-        head = build_head(table.shape[1], self.t.mcc_hidden, self.run.train_seed).to(self.device)
-        head.train()
-        self.sampler_info["mcc"] = {"concepts": len(groups), "weight": self.t.mcc_weight,
-                                    "hidden": self.t.mcc_hidden or table.shape[1], "tau": self.spec["run"]["tau"],
-                                    "concept_source": "node names, the run's starting text tower"}
-        return head, bank
+            return self.bundle
+        with torch.random.fork_rng(devices=[]):  # building a model draws init weights: keep the run's RNG stream
+            return self.files.fresh_model()
 
     def _train(self, ckpt: dict[str, Any] | None) -> None:
         t, info = self.t, self.info
@@ -382,8 +345,7 @@ class Trainer:
         if t.groups_per_batch % info.world_size:
             raise ValueError(f"train.groups_per_batch ({t.groups_per_batch}) must be divisible by the number of "
                              f"processes ({info.world_size}) so every rank holds whole groups")
-        if self.entry.loss not in ("clip", "clip_hn") and t.groups_per_batch < 2:
-            raise ValueError(f"the {self.entry.loss} loss contrasts groups: set train.groups_per_batch >= 2")
+        self.objective.check(self.params, self.entry)
         per_epoch = math.ceil(len(sampler) / t.grad_accum)
         self.sampler_info = {**sampler.describe(), "optimizer_steps_per_epoch": per_epoch,
                              "group_source": self.entry.groups}
@@ -391,35 +353,22 @@ class Trainer:
             self.sampler_info["ngram"] = {k: v for k, v in self.inputs.magic.stats.get("ngram", {}).items()
                                           if k not in ("too_frequent", "aliases", "removed_from_l1")}
         total = t.epochs * per_epoch
-        head, bank = self._mcc_head(sampler) if self.entry.loss == "mcc" else (None, None)
+        resumed = None if ckpt is None or ckpt["stepper"] is None else ckpt.get("objective")
+        self.objective.setup(Setup(self.bundle, self._start_model, sampler, self.inputs, self.params, self.entry,
+                                   self.run.train_seed, t.epochs, self.device, resumed, self.state.step))
         set_trainable(self.bundle, image=True, text=not self.params.model.freeze_text)
         self.bundle.model.train()
-        hard_negatives = None
-        if self.entry.loss == "clip_hn":  # every epoch's hard negatives, counted (and embedded if the tower is frozen)
-            from cglib.related.hard_negatives import plan_hard_negatives
-            from cglib.related.permute import permuter_for
-
-            hard_negatives = plan_hard_negatives(sampler, permuter_for(self.params), self.run.train_seed, t.epochs)
-            self.hard_negative_info = hard_negatives.describe()
-        text_rows, table = self._text_table(sampler, hard_negatives.texts if hard_negatives else None)
+        text_rows, table = self._text_table(sampler, self.objective.replacement_texts())
         self.n_precomputed = 0 if table is None else len(table)
-        self.memory = self._memory(sampler, ckpt)
-        module = wrap(Towers(self.bundle.model), info)
-        stepper = self._stepper(module, t.lr, total, "train", ckpt, head)
-        spec = {**self.spec["run"], "mcc_weight": t.mcc_weight}
-        hn_note = "" if hard_negatives is None else (
-            f"; clip_hn: {self.hard_negative_info['pairs_without_keyword']} of {self.hard_negative_info['pairs']} "
-            "pairs over all epochs have no keyword, so no hard negative")
-        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs{hn_note}")
-
-        def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
-            return group_step_loss(module, self.bundle, item, spec, table, memory=self.memory, head=head,
-                                   bank=bank)
+        module = wrap(GroupTask(self.bundle, self.objective, table), info)
+        stepper = self._stepper(module, t.lr, total, "train", ckpt, self.objective)
+        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, "
+                       f"{sampler.describe()['training_pairs']} training pairs{self.objective.announce()}")
 
         bar = self._bar(total, "image-text")
         while self.state.epoch < t.epochs:
             data = GroupBatchData(sampler, self.inputs.cache, self.state.epoch, self.state.batch, info, text_rows,
-                                  self.bundle.tokenizer, hard_negatives)
+                                  self.bundle.tokenizer, self.objective.pair_replacements())
             batches = batch_loader(data, t.num_workers, self.device)
             while self.state.batch < len(sampler):
                 tick = time.perf_counter()
@@ -429,7 +378,7 @@ class Trainer:
                 extra = {"fallback_groups": sum(item["fallback_groups"] for item in items),
                          "repeated_images": sum(item["repeated_images"] for item in items)}
                 advance = functools.partial(self._advance, stepper, items, images, wait, tick)
-                result = stepper.step(items, loss_fn, advance)
+                result = stepper.step(items, module, advance)
                 self._record(self.state.epoch, result, images, wait, time.perf_counter() - tick, extra)
                 bar.update(1)
                 if self.state.step % t.log_every == 0:
@@ -444,8 +393,8 @@ class Trainer:
             if self.on_epoch is not None:
                 self.on_epoch(s.epoch, self.bundle)
         bar.close()
-        if head is not None and info.is_main:  # training-only: kept for inspection, never part of the model
+        if info.is_main:  # training-only weights (mcc's head): kept for inspection, never part of the model
             from safetensors.torch import save_file
 
-            save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
-                      str(self.out / "mcc_head.safetensors"))
+            for file, tensors in self.objective.training_only_weights().items():
+                save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(self.out / file))
