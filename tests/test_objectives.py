@@ -162,3 +162,24 @@ def test_every_image_text_objective_under_ddp_equals_one_process(tmp_path, plugi
             for key in ("image", "text"):
                 if expected["extra"]:
                     torch.testing.assert_close(got["extra"][key], expected["extra"][key], atol=2e-6, rtol=1e-5)
+
+
+def test_a_trial_run_reuses_the_rows_beside_and_trains_only_yours(tmp_path, plugin_path):
+    """trial_run (notebook 09) shares the run's data, copies the base and the named trained rows (train_all
+    reuses them: same spec, same summary) and trains only the new entry; unknown or clashing names are errors."""
+    from cglib.train import train_all
+    from cglib.train.trial_run import trial_run
+
+    run = make_run(tmp_path / "run", runs=[{"name": "clip", "loss": "clip"}, {"name": "pw", "loss": "pairwise"}])
+    trained = train_one(run, "clip", progress=False)
+    trial = trial_run(run, [{"name": "triplet", "loss": OWN}], beside=["clip"])
+    assert [r.name for r in trial.params.train.runs] == ["clip", "triplet"]
+    assert (trial.dir / "magic").resolve() == (run.dir / "magic").resolve()
+    summaries = train_all(trial, progress=False)
+    reused = summaries["clip"]  # reused, not retrained: the summary written by the first training
+    assert (reused["spec_hash"], reused["wall_time_s"]) == (trained["spec_hash"], trained["wall_time_s"])
+    assert summaries["triplet"]["objective"] == "centroid_triplet" and summaries["triplet"]["steps"] > 0
+    with pytest.raises(ValueError, match="beside names \\['nope'\\]"):
+        trial_run(run, [{"name": "triplet", "loss": OWN}], beside=["nope"])
+    with pytest.raises(ValueError, match="already taken"):
+        trial_run(run, [{"name": "clip", "loss": OWN}], beside=["clip"])
