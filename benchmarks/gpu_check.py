@@ -47,14 +47,15 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from cglib import losses
 from cglib.config import ModelParams, load_params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, build_image_cache
 from cglib.models import ClipModel, Towers, build_model, pixels_to_tensor
+from cglib.train.objectives import OBJECTIVES, GroupFeatures
 from cglib.train.optim import build_optimizer, warmup_cosine
 
-LOSSES = ("clip", "pairwise", "centroid", "openclip")
+# the paper's image-text objectives from the registry, then open_clip's own ClipLoss as the reference
+LOSSES = (*(name for name, cls in OBJECTIVES.items() if cls.phase == "train" and not cls.related), "openclip")
 PHASES = ("data", "forward", "loss", "backward", "optimizer")
 SHARE_KEYS = {"forward": "forward", "loss": "loss_share", "backward": "backward", "optimizer": "optimizer"}
 WORDS = ("dog", "cake", "balloon", "tennis", "racket", "train", "harbor", "boat", "skis", "snow", "table", "lamp",
@@ -97,13 +98,11 @@ def model_params(arch: str, weights: bool) -> ModelParams:
 
 
 def make_loss(name: str, t) -> callable:
-    """The loss of `name` on (M, N, D) features with the paper profile's tau, tau', alpha."""
-    if name == "clip":
-        return lambda i, x: losses.clip_loss(i, x, tau=t.tau)
-    if name == "pairwise":
-        return lambda i, x: losses.pairwise_group_loss(i, x, t.tau, t.tau_inner, t.alpha)
-    if name == "centroid":
-        return lambda i, x: losses.centroid_group_loss(i, x, t.tau, t.tau_inner, t.alpha)
+    """The objective `name` of the registry on (M, N, D) features with the paper profile's tau, tau', alpha."""
+    if name in OBJECTIVES:
+        objective = OBJECTIVES[name]({"tau": t.tau, "tau_inner": t.tau_inner, "alpha": t.alpha, "alpha_on": "inner",
+                                      "normalize_products": False})
+        return lambda i, x: objective(GroupFeatures(i, x))["loss"]
     clip = open_clip.loss.ClipLoss()
     scale = 1.0 / t.tau  # the same fixed temperature as the project's clip loss
     return lambda i, x: clip(i.reshape(-1, i.shape[-1]), x.reshape(-1, x.shape[-1]), scale)

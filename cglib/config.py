@@ -292,14 +292,16 @@ class ModelParams(Section):
 # ------------------------------------------------------------------------------------------- train
 class TrainRunParams(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
-    loss: Literal["clip", "clip_hn", "pairwise", "centroid", "re", "mcc"] = Field(
-        ..., description="Objective: clip, pairwise, centroid (on MAGIC image-text batches), re (HierarCaps' Radial "
-        "Embedding alignment of the text tower alone, on train.re_data; the Table 3 HierarCaps row), or one of the "
-        "related methods: clip_hn (Rosch et al.: CLIP with keyword-permuted hard negatives: each image's caption "
-        "with one colour, object, size or location word swapped replaces one negative of its image->text row; pairs "
-        "without such a word keep their row, counted in the summary's hard_negatives; best with text_source: "
-        "original) or mcc (C3: CLIP's InfoNCE + train.mcc_weight x a SupCon loss between the images of each group, "
-        "seen through a trainable head of the group's concept-name embedding; cglib.losses.mcc_loss).")
+    loss: str = Field(
+        ..., description="Objective (cglib/train/objectives/, one module each): clip, pairwise, centroid (on MAGIC "
+        "image-text batches), re (HierarCaps' Radial Embedding alignment of the text tower alone, on train.re_data; "
+        "the Table 3 HierarCaps row), or one of the related methods: clip_hn (Rosch et al.: CLIP with "
+        "keyword-permuted hard negatives: each image's caption with one colour, object, size or location word "
+        "swapped replaces one negative of its image->text row; pairs without such a word keep their row, counted "
+        "in the summary's hard_negatives; best with text_source: original), mcc (C3: CLIP's InfoNCE + "
+        "train.mcc_weight x a SupCon loss between the images of each group, seen through a trainable head of the "
+        "group's concept-name embedding) or memory_centroid (centroid with memory_momentum). Your own objective: "
+        "package.module:ClassName, a subclass of cglib.train.objectives.Objective.")
     groups: Literal["magic", "ngram"] = Field(
         "magic", description="Which groups batches are drawn from: magic (the run's MAGIC l1 nodes) or ngram "
         "(caption n-grams shared by enough MAGIC-train images, magic/ngram.json, built by "
@@ -328,32 +330,35 @@ class TrainRunParams(Section):
         "image and text centroids (DCCL, Pu et al. 2023; cglib/related/memory.py), updated after each step as "
         "mem <- normalize(m * mem + (1 - m) * batch centroid); m in (0, 1). null = the batch's groups only.")
 
-    @model_validator(mode="after")
-    def _memory_momentum(self) -> TrainRunParams:
-        m = self.memory_momentum
-        if m is not None and self.loss != "centroid":
-            raise ValueError(f"run {self.name!r}: memory_momentum is an option of loss: centroid (a memory of group "
-                             f"centroids); remove it or set loss: centroid (got loss: {self.loss})")
-        if m is not None and not 0.0 < m < 1.0:
-            raise ValueError(f"run {self.name!r}: memory_momentum must lie strictly between 0 and 1 (e.g. 0.9), "
-                             f"got {m}; null turns the memory off")
-        return self
+    @field_validator("loss")
+    @classmethod
+    def _known_objective(cls, loss: str) -> str:
+        """A built-in objective's name or an importable `package.module:ClassName` (the error names the fix)."""
+        from cglib.train.objectives import objective_class  # torch and the losses: see objective()
+
+        objective_class(loss)
+        return loss
 
     @model_validator(mode="after")
-    def _re_without_pretraining(self) -> TrainRunParams:
-        if self.loss == "re" and self.pretrain != "none":
-            raise ValueError(f"run {self.name!r}: loss re trains the text tower on its own data and takes no textual "
-                             "pretraining; set pretrain: none")
-        if self.released is not None and self.loss != "re":
-            raise ValueError(f"run {self.name!r}: released names HierarCaps' released weights, the weights of a loss: "
-                             "re row; remove released, or set loss: re")
-        if self.groups == "ngram" and self.loss == "re":
-            raise ValueError(f"run {self.name!r}: loss re trains on concept chains, not on group batches; remove "
-                             "groups: ngram (or choose an image-text loss)")
+    def _objective_accepts_entry(self) -> TrainRunParams:
+        """The objective's own rules for its run entries (cglib/train/objectives), and n-gram groups' rule."""
+        objective = self.objective()
+        objective.check_entry(self)
         if self.groups == "ngram" and self.pretrain != "none":
             raise ValueError(f"run {self.name!r}: n-gram groups have no generalized captions to pretrain on; set "
                              "pretrain: none (or groups: magic)")
         return self
+
+    def objective(self) -> type:
+        """The objective class that trains this entry (`cglib.train.objectives.objective_for`)."""
+        # imported here: the objectives import torch and the losses, which validating a params file rarely needs
+        from cglib.train.objectives import objective_for
+
+        return objective_for(self)
+
+    def trains_images(self) -> bool:
+        """Whether the run has an image-text phase (a text objective such as re trains the text side alone)."""
+        return self.objective().phase == "train"
 
 
 class BaseTrainParams(Section):
@@ -743,9 +748,9 @@ class Params(Section):
         if entry is None:
             raise ValueError(f"search.run {name!r} is not a train.runs entry; choose one of "
                              f"{[r.name for r in self.train.runs]} (or null for the first image-text run)")
-        if entry.loss == "re":
-            raise ValueError(f"search.run {name!r} has loss re, which trains the text tower alone with train.re_*; "
-                             "tune an image-text run (loss clip, pairwise or centroid)")
+        if not entry.trains_images():
+            raise ValueError(f"search.run {name!r} has loss {entry.loss}, which trains the text tower alone; tune an "
+                             "image-text run (loss clip, pairwise or centroid)")
         if entry.groups != "magic":
             raise ValueError(f"search.run {name!r} trains on groups: {entry.groups}, but the search's validation "
                              "split is carved from MAGIC's groups; tune a groups: magic run")
@@ -759,7 +764,7 @@ class Params(Section):
         if self.search.run is not None:
             return self.search.run
         for entry in self.train.runs:
-            if entry.loss != "re" and entry.groups == "magic":
+            if entry.trains_images() and entry.groups == "magic":
                 return entry.name
         raise ValueError("train.runs has no image-text run (loss clip, pairwise or centroid) to tune; add one "
                          "or set search.run")
@@ -813,7 +818,7 @@ def _check_paths(params: Params, root: Path) -> list[str]:
         needed += [("data.coco_captions", d.coco_captions), ("data.coco_images", d.coco_images)]
     if d.source == "hierarcaps" or params.eval.hierarcaps:
         needed += [("data.hierarcaps_csv", d.hierarcaps_csv), ("data.hierarcaps_images", d.hierarcaps_images)]
-    if params.train.re_data == "hierarcaps_train" and any(r.loss == "re" for r in params.train.runs):
+    if params.train.re_data == "hierarcaps_train" and any("re_data" in r.objective().train_keys for r in params.train.runs):
         needed.append(("data.hierarcaps_train_csv", d.hierarcaps_train_csv))
     if params.model.checkpoint is not None:
         needed.append(("model.checkpoint", params.model.checkpoint))

@@ -61,11 +61,12 @@ def synthetic(p: dict[str, float], n_images: int = 400, seeds: int = 2, rng_seed
 
 def test_roles_from_saved_model_info_and_older_files():
     """Roles come from results.json's models; files without the role fields get them from loss/pretrain; the
-    future HierarCaps rows fit the scheme; an unknown objective is an error naming the model."""
+    future HierarCaps rows fit the scheme; any objective is accepted and the gain sets read its family (a user's
+    group-family objective counts as a group loss); an unknown family is an error naming the model."""
     roles = model_roles(PAPER_MODELS)
     assert roles["zero-shot"].is_base and not roles["clip"].is_base
     assert roles["pairwise_pretrain"] == ModelRole("pairwise_pretrain", True, "pairwise", "with_concepts",
-                                                          "zero-shot", True)
+                                                          "zero-shot", True, family="group")
     old = [{k: m[k] for k in ("name", "loss", "pretrain", "exposed_to_eval_strings")} for m in PAPER_MODELS]
     assert model_roles(old) == roles
 
@@ -80,8 +81,12 @@ def test_roles_from_saved_model_info_and_older_files():
     assert sets["Loss Function"][:2] == (["centroid", "pairwise", "pairwise_pretrain"], ["clip", "hierarcaps_ft"])
     assert sets["Pretraining"][:2] == (["pairwise_pretrain"], ["pairwise"])
     assert sets["Best Model"][:2] == (["pairwise"], ["zero-shot"])  # the HierarCaps model is not the base
-    with pytest.raises(ValueError, match="'odd'.*objective 'triplet'"):
-        model_roles([{"name": "odd", "objective": "triplet", "fine_tuned_on_magic": True}])
+    own = model_roles(PAPER_MODELS + [{"name": "triplet", "objective": "triplet", "objective_family": "group",
+                                              "fine_tuned_on_magic": True}])
+    assert "triplet" in gain_sets(own, best="pairwise")["Loss Function"][0]
+    with pytest.raises(ValueError, match="'odd'.*objective 'triplet' has family 'pairs'"):
+        model_roles([{"name": "odd", "objective": "triplet", "objective_family": "pairs",
+                             "fine_tuned_on_magic": True}])
 
 
 def test_set_difference_is_the_difference_of_set_means_with_a_paired_interval():

@@ -59,7 +59,7 @@ def test_paper_profile_needs_its_data_unless_told():
     ("train:\n  groups_per_batch: -2\n", "train.groups_per_batch: Input should be greater than or equal to 1"),
     ("run:\n  profile: demoo\n", "run.profile: Input should be 'demo', 'paper', 'hierarcaps', 'rehearsal', 'related' or 'custom'"),
     ("train:\n  epochs: many\n", "train.epochs: Input should be a valid integer"),
-    ("train:\n  runs: [{name: a, loss: clipp}]\n", "train.runs[0].loss: Input should be 'clip'"),
+    ("train:\n  runs: [{name: a, loss: clipp}]\n", "train.runs[0].loss: unknown loss 'clipp'; did you mean 'clip'?"),
     ("train:\n  runs: [{name: a, loss: clip}, {name: a, loss: pairwise}]\n", "duplicate names ['a']; give every entry of train.runs"),
     ("data:\n  synthetic: {min_objects: 4, max_objects: 2}\n", "min_objects (4) exceeds max_objects (2)"),
     ("data:\n  source: coco\n", "source 'coco' needs data.coco_captions and data.coco_images"),

@@ -68,7 +68,7 @@ def test_an_mcc_run_trains_its_head_and_resumes_bit_exactly(tmp_path):
     runs = [{"name": "mcc", "loss": "mcc"}]
     whole = make_run(tmp_path / "whole", runs=runs)
     summary = train_one(whole, "mcc", progress=False)
-    assert summary["sampler"]["mcc"]["concepts"] == 6 and summary["exposed_to_eval_strings"] is True
+    assert summary["mcc"]["concepts"] == 6 and summary["exposed_to_eval_strings"] is True
     assert summary["steps"] == 2 * 6 and summary["sampler"]["group_source"] == "magic"
     out = whole.dir / "training" / "mcc"
     head = load_file(str(out / "mcc_head.safetensors"))
@@ -103,7 +103,7 @@ def test_ngram_group_runs_train_on_original_captions(tmp_path):
     assert clip["sampler"]["ngram"]["l1_groups"] == len(groups) >= 2
     assert clip["steps"] == len(groups)  # train.epoch groups: one batch per training group
     mcc = train_one(run, "ng_mcc", progress=False)
-    assert mcc["sampler"]["mcc"]["concepts"] == len(groups) and mcc["exposed_to_eval_strings"] is False
+    assert mcc["mcc"]["concepts"] == len(groups) and mcc["exposed_to_eval_strings"] is False
     assert mcc["data_fingerprint"] == clip["data_fingerprint"]  # the same n-gram file, reused
 
 

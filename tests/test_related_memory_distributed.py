@@ -12,11 +12,12 @@ import torch.multiprocessing as mp
 from test_train import make_run
 from test_train_distributed import free_port
 
-from cglib.models import Towers, build_model, encode_texts, load_weights
+from cglib.models import build_model, encode_texts, load_weights
 from cglib.related.memory import initial_memory
 from cglib.train import ensure_initial
 from cglib.train.distributed import DistInfo
-from cglib.train.loop import GroupBatchData, Stepper, group_step_loss, load_inputs, set_trainable, wrap
+from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
+from cglib.train.objectives import MemoryCentroid
 from cglib.train.sampler import GroupBatchSampler
 
 WORLD_SIZE = 2
@@ -35,16 +36,17 @@ def memory_steps(run_dir: Path, info: DistInfo) -> dict:
     rows, table = {t: k for k, t in enumerate(texts)}, torch.from_numpy(encode_texts(bundle, texts))
     memory = initial_memory(bundle, sampler, inputs.cache, 0.5).broadcast()
     initial = memory.state_dict()
-    module = wrap(Towers(bundle.model), info)
-    stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
-                      grad_clip=1.0, device=torch.device("cpu"))
     spec = {"loss": "centroid", "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner",
             "normalize_products": False, "memory_momentum": 0.5}
+    objective = MemoryCentroid(spec)
+    objective.memory = memory
+    module = wrap(GroupTask(bundle, objective, table), info)
+    stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
+                      grad_clip=1.0, device=torch.device("cpu"))
     data = GroupBatchData(sampler, inputs.cache, 0, 0, info, rows, None)
     losses = []
     for b in range(STEPS):
-        result = stepper.step([data[b]], lambda it: group_step_loss(module, bundle, it, spec, table, memory=memory),
-                              lambda _: memory.commit())
+        result = stepper.step([data[b]], module, lambda result: objective.after_step(bool(result["skipped"])))
         losses.append(result["loss"])
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in bundle.model.state_dict().items()},
             "memory": memory.state_dict(), "initial": initial}

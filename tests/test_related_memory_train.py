@@ -19,8 +19,8 @@ def test_memory_run_trains_and_resumes_bit_exact(tmp_path):
     exactly the weights and log of an uninterrupted one."""
     whole = make_run(tmp_path / "whole", **SETTINGS)
     summary = train_one(whole, "mem", progress=False)
-    assert summary["sampler"]["memory"]["momentum"] == 0.5
-    groups = summary["sampler"]["memory"]["groups"]
+    assert summary["memory"]["momentum"] == 0.5
+    groups = summary["memory"]["groups"]
     assert groups == summary["sampler"]["groups"]
     expected, expected_log = _final_and_log(whole, "mem")
     assert all(torch.isfinite(torch.tensor(float(row[2]))) for row in expected_log)
@@ -29,7 +29,7 @@ def test_memory_run_trains_and_resumes_bit_exact(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train_one(parts, "mem", progress=False, on_step=_interrupt_at(3))
     ckpt = load_checkpoint(parts.dir / "training/mem/checkpoints/last.pt")
-    memory = ckpt["memory"]
+    memory = ckpt["objective"]["_extra_state"]
     assert memory["image"].shape[0] == groups and memory["momentum"] == 0.5
     torch.testing.assert_close(memory["image"].norm(dim=-1), torch.ones(groups))
     summary = train_one(parts, "mem", progress=False)

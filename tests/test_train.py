@@ -16,11 +16,12 @@ from safetensors.torch import load_file
 
 from cglib.config import Params
 from cglib.magic.schema import save_magic
-from cglib.models import Towers, build_model, encode_texts, load_weights
+from cglib.models import build_model, encode_texts, load_weights
 from cglib.run import RunContext
 from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
 from cglib.train.distributed import DistInfo
-from cglib.train.loop import GroupBatchData, Stepper, group_step_loss, load_inputs, set_trainable, wrap
+from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
+from cglib.train.objectives import OBJECTIVES
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
 from cglib.train.sampler import GroupBatchSampler
 from cglib.viz.training_figures import plot_loss_curves
@@ -76,14 +77,14 @@ def test_one_step_lowers_the_loss_on_a_fixed_batch(tmp_path, loss):
     run = make_run(tmp_path)
     bundle, table, item = _fixed_batch(run)
     set_trainable(bundle, image=True, text=False)
-    module = wrap(Towers(bundle.model), _single())
     spec = {"loss": loss, "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner", "normalize_products": False}
+    module = wrap(GroupTask(bundle, OBJECTIVES[loss](spec), table), _single())
     # Adam's first step moves every weight by about lr: small enough to stay in the descent region
     stepper = Stepper(bundle.model, module, lr=1e-4, weight_decay=0.0, warmup_steps=0, total_steps=10, amp=None,
                       grad_clip=1.0, device=torch.device("cpu"))
 
     def loss_fn(it):
-        return group_step_loss(module, bundle, it, spec, table)
+        return module(it)
 
     with torch.no_grad():
         before = float(loss_fn(item)["loss"])
@@ -101,9 +102,9 @@ def test_amp_bf16_step_runs_on_cpu(tmp_path):
     run = make_run(tmp_path)
     bundle, table, item = _fixed_batch(run)
     set_trainable(bundle, image=True, text=False)
-    module = Towers(bundle.model)
     spec = {"loss": "pairwise", "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner",
             "normalize_products": False}
+    module = GroupTask(bundle, OBJECTIVES["pairwise"](spec), table)
     dtype = amp_dtype("bf16", torch.device("cpu"))
     assert dtype is torch.bfloat16
     stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=10, amp=dtype,
@@ -111,9 +112,9 @@ def test_amp_bf16_step_runs_on_cpu(tmp_path):
     seen = {}
 
     def loss_fn(it):
-        image, _ = module(torch.zeros(1, 3, 32, 32), None)
+        image, _ = module.towers(torch.zeros(1, 3, 32, 32), None)
         seen["dtype"] = image.dtype
-        return group_step_loss(module, bundle, it, spec, table)
+        return module(it)
 
     result = stepper.step([item], loss_fn)
     assert seen["dtype"] == torch.bfloat16  # the image tower really ran in bf16

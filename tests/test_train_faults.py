@@ -16,18 +16,18 @@ import pytest
 import torch
 from test_train import _fixed_batch, _interrupt_at, _single, make_run, weights
 
-from cglib.models import Towers
 from cglib.train import train_one
 from cglib.train.checkpoint import load_checkpoint, save_checkpoint
-from cglib.train.step import Stepper, group_step_loss, set_trainable, wrap
+from cglib.train.objectives import Pairwise
+from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
 
 SPEC = {"loss": "pairwise", "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner",
         "normalize_products": False}
 
 
-def _stepper(bundle, amp):
+def _stepper(bundle, amp, table):
     set_trainable(bundle, image=True, text=False)
-    module = wrap(Towers(bundle.model), _single())
+    module = wrap(GroupTask(bundle, Pairwise(SPEC), table), _single())
     return module, Stepper(bundle.model, module, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=10,
                            amp=amp, grad_clip=1.0, device=torch.device("cpu"))
 
@@ -38,12 +38,12 @@ def test_an_overflowing_step_is_skipped_and_counted_not_taken(tmp_path, amp):
     the next finite step trains; under fp16 the scaler lowers its scale."""
     run = make_run(tmp_path)
     bundle, table, item = _fixed_batch(run)
-    module, stepper = _stepper(bundle, amp)
+    module, stepper = _stepper(bundle, amp, table)
     before = {k: v.clone() for k, v in bundle.model.state_dict().items()}
     scale = stepper.scaler.get_scale() if stepper.scaler.is_enabled() else None
 
     def overflowing(it):
-        parts = group_step_loss(module, bundle, it, SPEC, table)
+        parts = module(it)
         return {**parts, "loss": parts["loss"] * float("inf")}
 
     result = stepper.step([item], overflowing)
@@ -51,7 +51,7 @@ def test_an_overflowing_step_is_skipped_and_counted_not_taken(tmp_path, amp):
     assert all(torch.equal(v, before[k]) for k, v in bundle.model.state_dict().items())
     if scale is not None:
         assert stepper.scaler.get_scale() < scale
-    result = stepper.step([item], lambda it: group_step_loss(module, bundle, it, SPEC, table))
+    result = stepper.step([item], lambda it: module(it))
     assert result["skipped"] == 0.0
     assert not torch.equal(bundle.model.state_dict()["visual.conv1.weight"], before["visual.conv1.weight"])
 

@@ -103,7 +103,7 @@ def test_absent_released_weights_train_the_row_here(tmp_path):
 
 
 def test_released_is_for_re_rows_only():
-    with pytest.raises(ValueError, match="released names HierarCaps' released weights"):
+    with pytest.raises(ValueError, match=r"released is not an option of loss: clip \(it is one of loss: re\)"):
         TrainRunParams(name="clip", loss="clip", released="w.pt")
 
 

@@ -11,13 +11,11 @@ import pandas as pd
 
 from cglib.evaluate.bootstrap import Scores, set_difference
 from cglib.evaluate.multiplicity import holm
-from cglib.evaluate.report import model_label, signed
+from cglib.evaluate.report import model_label, objective_family, signed
 from cglib.evaluate.table3 import table3, table3_columns
 
 BASE_MODEL = "zero-shot"
-OBJECTIVES = ("none", "clip", "clip_hn", "pairwise", "centroid", "re", "mcc")
 PRETRAIN_MODES = ("none", "leakage_free", "with_concepts")
-GROUP_OBJECTIVES = ("pairwise", "centroid")
 GAINS = ("MAGIC", "Loss Function", "Pretraining", "Best Model")
 GAIN_LABEL = "Avg Accuracy Gain w.r.t. {}"
 GAIN_COLUMNS = ["gain", "column", "benchmark", "labels", "direction", "metric", "level", "models_a", "models_b",
@@ -47,6 +45,7 @@ class ModelRole:
     exposed: bool = False
     zoo: bool = False
     related: bool = False  # trained with a related method (issue #21): a row everywhere, in no gain set
+    family: str = "none"  # the objective's family (Objective.family): clip, group, text; none for the base
 
     @property
     def is_base(self) -> bool:
@@ -57,7 +56,8 @@ def model_roles(models: Sequence[dict]) -> dict[str, ModelRole]:
     """Each model's role from results.json's `models` list (in order).
 
     Files written before the role fields existed carry `loss` (None for the zero-shot model) and `pretrain`:
-    objective = loss or none, fine-tuned on MAGIC when a loss is set, init = the zero-shot model.
+    objective = loss or none, fine-tuned on MAGIC when a loss is set, init = the zero-shot model. Any objective is
+    accepted (your own too): the gain rows read its family (`objective_family`), never its name.
     """
     roles = {}
     for m in models:
@@ -66,13 +66,15 @@ def model_roles(models: Sequence[dict]) -> dict[str, ModelRole]:
         pretrain = m.get("pretrain") or "none"
         fine_tuned = bool(m.get("fine_tuned_on_magic", loss is not None))
         init = m.get("init", None if objective == "none" and not fine_tuned else BASE_MODEL)
-        if objective not in OBJECTIVES:
-            raise ValueError(f"model {m['name']!r}: objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+        family = objective_family(m)
+        if family not in ("none", "clip", "group", "text"):
+            raise ValueError(f"model {m['name']!r}: objective {objective!r} has family {family!r}, not one of clip, "
+                             "group, text (cglib.train.objectives.FAMILIES); fix the objective's `family`")
         if pretrain not in PRETRAIN_MODES:
             raise ValueError(f"model {m['name']!r}: pretrain {pretrain!r} is not one of {', '.join(PRETRAIN_MODES)}")
         roles[m["name"]] = ModelRole(m["name"], fine_tuned, objective, pretrain, init,
                                      bool(m.get("exposed_to_eval_strings", False)), bool(m.get("zoo", False)),
-                                     bool(m.get("related")))
+                                     bool(m.get("related")), family)
     return roles
 
 
@@ -100,8 +102,8 @@ def gain_sets(roles: dict[str, ModelRole], best: str | None) -> dict[str, tuple[
     out: dict[str, tuple[list[str], list[str], str]] = {}
     out["MAGIC"] = ([r.name for r in ft], [r.name for r in roles.values() if not r.fine_tuned_on_magic],
                     "needs models fine-tuned on MAGIC and models not fine-tuned on it")
-    out["Loss Function"] = ([r.name for r in ft if r.objective in GROUP_OBJECTIVES],
-                            [r.name for r in ft if r.objective == "clip"],
+    out["Loss Function"] = ([r.name for r in ft if r.family == "group"],
+                            [r.name for r in ft if r.family == "clip"],
                             "needs models fine-tuned with a group loss (pairwise, centroid) and with the CLIP loss")
     plain = {(r.objective, r.init): r.name for r in ft if r.pretrain == "none"}
     pretrained = [r for r in ft if r.pretrain != "none" and (r.objective, r.init) in plain]

@@ -36,7 +36,8 @@ def seed_loader(load: Callable[..., ClipModel], seed: int) -> Callable[[str], Cl
 
 def zero_shot_info() -> dict:
     return {"name": ZERO_SHOT, "loss": None, "pretrain": "none", "exposed_to_eval_strings": False,
-            "fine_tuned_on_magic": False, "objective": "none", "init": None, "weights": "base"}
+            "fine_tuned_on_magic": False, "objective": "none", "objective_family": "none", "init": None,
+            "weights": "base"}
 
 
 def zoo_info(name: str, spec: ModelParams) -> dict:

@@ -99,6 +99,7 @@ def _model_info(run: RunContext) -> list[dict]:
                       "exposed_to_eval_strings": bool(summary.get("exposed_to_eval_strings", False)),
                       "fine_tuned_on_magic": bool(summary.get("fine_tuned_on_magic", True)),
                       "objective": summary.get("objective", loss), "init": summary.get("init", ZERO_SHOT),
+                      "objective_family": summary.get("objective_family"),
                       "exposure": summary.get("exposure") or [],
                       "weights": (summary.get("weights_source") or {}).get("kind", "trained here")})
     return infos + [zoo_info(z.name, z.model) for z in run.params.eval.zoo]
@@ -189,8 +190,9 @@ def _exposure(models: list[dict], magic, params) -> dict[str, str]:
     leak_note = leakage_note(magic)
     for m in _trained(models):
         # generalized captions are trained on by MAGIC fine-tuning (text_source: generalized) and by textual
-        # pretraining; an re run trains on concept chains and original captions only
-        on_generalized = (m.get("objective") != "re" and m.get("text_source", params.train.text_source) == "generalized"
+        # pretraining; an re run (not fine-tuned on MAGIC) trains on concept chains and original captions only
+        on_generalized = (m.get("fine_tuned_on_magic", True)
+                          and m.get("text_source", params.train.text_source) == "generalized"
                           or m["pretrain"] != "none")
         if leak_note and on_generalized:
             exposure[f"{m['name']}|*"] = "; ".join(n for n in (exposure.get(f"{m['name']}|*"), leak_note) if n)

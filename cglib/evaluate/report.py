@@ -157,3 +157,13 @@ def items_summary(info: dict) -> pd.DataFrame:
                      "images without this text": items["without_text"].get(name, 0)})
     return pd.DataFrame(rows).set_index("text type")
 
+
+# results.json files written before models carried their objective's family (cglib/train/objectives) name only
+# the objective; every objective of that time that is not listed here is of the clip family
+_FAMILY_BEFORE_FAMILIES = {"none": "none", "pairwise": "group", "centroid": "group", "re": "text"}
+
+
+def objective_family(model: dict) -> str:
+    """A results.json model's objective family (files from before families: read off its objective's name)."""
+    objective = model.get("objective", model.get("loss") or "none")
+    return model.get("objective_family") or _FAMILY_BEFORE_FAMILIES.get(objective, "clip")

@@ -15,6 +15,7 @@ from cglib.evaluate.report import (
     markdown_table,
     model_label,
     model_order,
+    objective_family,
     seeds_phrase,
     signed,
 )
@@ -229,8 +230,8 @@ def table3_notes(info: dict) -> list[str]:
         notes.append(f"HierarCaps l1-l4: {s['hierarcaps_batch']}-way in-batch R@1 (a hit is any image with the "
                      f"same text at that level), {info['hierarcaps']['n_items']} items.")
         notes.append(hierarcaps_items_note(info["hierarcaps"]))
-    for m in info["models"]:  # the HierarCaps rows say whose RE weights they are
-        if m.get("objective") == "re":
+    for m in info["models"]:  # the HierarCaps rows (a text objective: RE) say whose weights they are
+        if objective_family(m) == "text":
             notes.append(f"{m['name']}: HierarCaps' RE alignment, "
                          + ("the authors' released weights (train.runs released)." if m.get("weights") == "released"
                             else "trained here (no released weights given or present)."))

@@ -95,7 +95,8 @@ class Progress:
 
 INITIAL = "initial.safetensors"
 FINAL = "final.safetensors"
-CHECKPOINT_VERSION = 2  # 2: records the resolved device and AMP dtype; holds only the trained keys
+CHECKPOINT_VERSION = 3  # 2: records the resolved device and AMP dtype; holds only the trained keys; 3: the objective's
+#                         state (a head, a memory) under "objective"
 
 
 def text_keys(model: torch.nn.Module) -> list[str]:
@@ -114,7 +115,7 @@ class RunFiles:
         self.out = self.base / name
         self.ckpt_dir = self.out / "checkpoints"
         entry = next(r for r in run.params.train.runs if r.name == name)
-        self.re = entry.loss == "re"  # the HierarCaps RE objective: the text side alone trains, the image tower is frozen
+        self.re = not entry.trains_images()  # a text objective (re): the text side alone trains, the image tower frozen
         self.text_phase = self.re or entry.pretrain != "none"
         self.freeze_text = run.params.model.freeze_text
         self.projection_only = run.params.train.text_trains == "projection"  # a text phase trains the projection only
@@ -181,16 +182,17 @@ class RunFiles:
         return state
 
     def save_checkpoint(self, bundle: Any, progress: dict[str, Any], rng: dict[str, Any], stepper: Any,
-                        memory: Any = None) -> None:
-        """Write last.pt: the trained weights, optimizer/scheduler/scaler, position, RNG, device and AMP dtype
-        (and a concept memory's rows, cglib/related/memory.py, when the run has one)."""
+                        objective: Any = None) -> None:
+        """Write last.pt: the trained weights, optimizer/scheduler/scaler, position, RNG, device and AMP dtype,
+        and the objective's state (`Objective.state_dict()`: a concept head's weights, a memory's rows)."""
         if not self.info.is_main:
             return
         state = {"version": CHECKPOINT_VERSION, "spec_hash": self.hash, "precision": self.precision,
                  "progress": progress, "model": self.trained_state(bundle),
                  "stepper": None if stepper is None else stepper.state_dict(), "rng": rng}
-        if memory is not None:
-            state["memory"] = memory.state_dict()
+        if objective is not None:
+            state["objective"] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                                  for k, v in objective.state_dict().items()}
         save_checkpoint(self.ckpt_dir / LAST, state)
 
     def clear_outputs(self) -> None:

@@ -12,6 +12,7 @@ from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.run import RunContext
 from cglib.train.distributed import DistInfo
+from cglib.train.objectives import objective_train_keys
 
 
 @dataclass
@@ -95,14 +96,13 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 # weights of earlier runs) unchanged.
 RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None, "memory_momentum": None,
                                    "groups": "magic"}
-RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
-MCC_KEYS = ("mcc_weight", "mcc_hidden")  # in the spec of loss: mcc runs only
 
 
 def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
     """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed.
 
-    The train.re_* keys enter the spec of loss: re runs only (a change retrains those, not the MAGIC runs); a run
+    An objective's own train.* keys (`Objective.train_keys`: train.re_* for re, train.mcc_* for mcc) enter the
+    spec of its runs only (a change retrains those, not the others); a run
     with `init` carries its starting run's spec, so retraining that run retrains this one. Without `init` (and
     re keys) the spec is what it was before those keys existed: trained runs stay valid. `train.seeds` is not in
     the spec (adding a seed does not retrain the others); training seed k > 0 is (`training_seed`).
@@ -114,11 +114,13 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
             del spec[key]
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
+    objective = entry.objective()
+    # the train.* keys of other objectives stay out: changing them retrains only the runs they concern
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
-    exclude |= set() if entry.loss == "re" else set(RE_KEYS)
-    train = t.model_dump(mode="json", exclude=exclude if entry.loss == "mcc" else exclude | set(MCC_KEYS))
+    exclude |= objective_train_keys() - set(objective.train_keys)
+    train = t.model_dump(mode="json", exclude=exclude)
     out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
-    if entry.loss == "re" and t.re_data == "hierarcaps_train":
+    if "re_data" in objective.train_keys and t.re_data == "hierarcaps_train":
         from cglib.data.download import file_digest
 
         out["re_file"] = file_digest(params.data.hierarcaps_train_csv, "sha1") if params.data.hierarcaps_train_csv \
@@ -139,20 +141,17 @@ def text_source(params: Params, entry: TrainRunParams) -> str:
     return entry.text_source or params.train.text_source
 
 
-RELATED_METHODS = {
-    "clip_hn": "keyword-permuted hard negatives (Rosch et al.)",
-    "memory": "momentum concept memory (DCCL, Pu et al. CVPR 2023)",
-    "mcc": "concept-conditioned image contrast, MCC (C3)",
-    "ngram": "n-gram concept groups (C3)",
-}
+NGRAM_GROUPS = "n-gram concept groups (C3)"
 
 
 def related_methods(entry: TrainRunParams) -> list[str]:
     """The related methods (issue #21) a run trains with; empty for the paper's own rows (CLIP, pairwise, centroid,
     RE). Such runs are rows of every table but enter none of the paper's gain rows."""
-    used = {"clip_hn": entry.loss == "clip_hn", "memory": entry.memory_momentum is not None,
-            "mcc": entry.loss == "mcc", "ngram": entry.groups == "ngram"}
-    return [RELATED_METHODS[k] for k, on in used.items() if on]
+    objective = entry.objective()
+    # your own objective (loss: package.module:Class) is a row of every table, like a related method, never one
+    # of the paper's gain sets
+    related = objective.related or (f"your own objective ({entry.loss})" if ":" in entry.loss else None)
+    return ([related] if related else []) + ([NGRAM_GROUPS] if entry.groups == "ngram" else [])
 
 
 def exposure(params: Params, entry: TrainRunParams) -> list[str]:
@@ -160,12 +159,7 @@ def exposure(params: Params, entry: TrainRunParams) -> list[str]:
     reasons = []
     if entry.pretrain == "with_concepts":
         reasons.append("textual pretraining with the l1-l4 concept names (pretrain: with_concepts)")
-    if entry.loss == "re" and params.train.re_data == "magic":
-        reasons.append("RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives "
-                       "(train.re_data: magic)")
-    if entry.loss == "mcc" and entry.groups == "magic":
-        reasons.append("MCC conditions the image space on the l1 concept names (the l1 evaluation queries) through "
-                       "its concept head (loss: mcc on MAGIC groups)")
+    reasons += entry.objective().exposure(params, entry)
     if entry.init is not None:
         reasons += [f"from {entry.init}: {r}" for r in exposure(params, run_entry(params, entry.init))]
     return reasons

@@ -8,7 +8,9 @@ the text tower is frozen), the run's loss from `cglib.losses`, AdamW with warmup
     inputs.py      magic.json + image cache, run entries and specs
     sampler.py     what an epoch is (pairs | groups) and the group batches
     batches.py     batches as tensors for a DataLoader (pixels, text rows or tokens, text ids)
-    step.py        the objective of a batch, and one optimizer step (AdamW, AMP, clipping, accumulation)
+    objectives/    the objectives (one module each), their protocol and registry
+    step.py        GroupTask (towers + objective: a batch item -> loss parts) and one optimizer step (AdamW, AMP,
+                   clipping, accumulation)
     faults.py      SIGINT/SIGTERM checkpoints, skipped non-finite steps, device/AMP checks on resume
     checkpoint.py  the run's files: weights (frozen towers referenced), last.pt
     runlog.py      log.csv and TensorBoard
@@ -16,14 +18,13 @@ the text tower is frozen), the run's loss from `cglib.losses`, AdamW with warmup
     re_run.py      loss: re (the HierarCaps baseline): RE items, batches, the step's loss
     summary.py     summary.json, weights moved, the runs' table
 
-Objectives (`train.runs[i].loss`): "clip" is CLIP's InfoNCE over the flattened M*N pairs of the group batch
-(the fine-tuned-CLIP baseline); "pairwise" (Eqs. 1-4) and "centroid" (Eqs. 5-8) take tau, tau_inner, alpha and
-the variant options (alpha_on, normalize_products) from the run entry or `train`. Every loss receives the
-batch's text ids: two identical strings are never each other's negatives. "re" is the HierarCaps baseline
-(re_run.py): Radial Embedding alignment of the text tower alone on `train.re_data`'s items, no image-text phase.
-"mcc" (C3) adds to CLIP's InfoNCE a supervised contrastive term between the images of each group in a space
-conditioned on the group's concept name by a training-only head (cglib.related.mcc_head, kept in last.pt and in
-<name>/mcc_head.safetensors; the evaluated model is the CLIP model alone).
+Objectives (`train.runs[i].loss`) live in cglib/train/objectives/, one module each behind one protocol
+(base.py): clip (CLIP's InfoNCE over the M*N pairs, the fine-tuned-CLIP baseline), pairwise (Eqs. 1-4), centroid
+(Eqs. 5-8), re (the HierarCaps baseline, a text-only phase: re_run.py), the related methods clip_hn,
+memory_centroid and mcc, or a user's own class as `package.module:ClassName`. The loop never asks which one runs:
+it calls the objective's hooks (setup, forward, after_step, describe), checkpoints its state and lets DDP wrap it
+with the towers (step.GroupTask). Every objective receives the batch's text ids: two identical strings are never
+each other's negatives.
 
 Groups (`train.runs[i].groups`): magic (the MAGIC l1 nodes) or ngram (caption n-grams shared by enough
 MAGIC-train images, magic/ngram.json, built from magic.json on first use by cglib.magic.ngram.build_ngram_groups;
@@ -77,8 +78,9 @@ from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
 from cglib.train.distributed import DistInfo
 from cglib.train.inputs import TrainInputs, inputs_for, load_inputs, model_image_size, run_entry, run_spec
+from cglib.train.objectives import build_objective
 from cglib.train.runlog import LOG_COLUMNS
-from cglib.train.step import Stepper, batch_loss, group_step_loss, set_trainable, wrap
+from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
 from cglib.train.summary import ZERO_SHOT, summary_table, weights_moved_note
 from cglib.train.trainer import Trainer
 
@@ -88,12 +90,12 @@ __all__ = [
     "LOG_COLUMNS",
     "ZERO_SHOT",
     "GroupBatchData",
+    "GroupTask",
     "Stepper",
     "TrainInputs",
     "base_record",
-    "batch_loss",
+    "build_objective",
     "ensure_initial",
-    "group_step_loss",
     "load_inputs",
     "load_trained",
     "model_image_size",

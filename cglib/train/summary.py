@@ -79,27 +79,32 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
 
 def finish(trainer: Trainer) -> dict[str, Any]:
     """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
-    s, entry, t, files = trainer.state, trainer.entry, trainer.t, trainer.files
-    re = entry.loss == "re"
+    s, entry, t, files, objective = trainer.state, trainer.entry, trainer.t, trainer.files, trainer.objective
+    # what the phases described (phases.py): their samplers, the pretraining, the RE items, precomputed texts
+    phases = {"sampler": None, "pretraining": None, "re_training": None, "precomputed_texts": 0, **trainer.described}
+    re = not entry.trains_images()  # a text objective (re): no image-text phase
     trained = {"image": not re, "text": files.text_phase or not files.freeze_text}
     exposed = exposure(trainer.params, entry)
     summary = {
         "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
         "text_source": text_source(trainer.params, entry), "related": related_methods(entry),
-        # the roles evaluation reads (report.ModelRole): an re run is the HierarCaps baseline, not a MAGIC fine-tune
-        "objective": entry.loss, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
+        # the roles evaluation reads (report.ModelRole), from the objective: an re run is the HierarCaps baseline,
+        # not a MAGIC fine-tune; Table 3's gain rows compare objective families, never names
+        "objective": objective.name or entry.loss, "objective_family": objective.family,
+        "objective_label": objective.label, "fine_tuned_on_magic": not re, "init": entry.init or ZERO_SHOT,
         "exposed_to_eval_strings": bool(exposed), "exposure": exposed,
-        "re_training": trainer.re_info,
-        # loss: clip_hn: hard negatives per epoch, with the pairs that had no keyword to permute (no hard negative)
-        "hard_negatives": trainer.hard_negative_info,
+        "re_training": phases["re_training"],
+        # what the objective reports of its run, e.g. clip_hn's hard negatives per epoch (pairs without a keyword
+        # to permute have none), a memory's size, mcc's concept head
+        "hard_negatives": None, **(objective.describe() or {}),
         # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
         "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
         # train.seeds: which training seed, and the seed it gave initialization and batch order
         "training_seed": trainer.run.training_seed, "init_and_order_seed": trainer.run.train_seed,
         "epoch_kind": "re items" if re else t.epoch, "epochs": t.re_epochs if re else t.epochs,
-        "steps_per_epoch": (trainer.sampler_info or {}).get("optimizer_steps_per_epoch"),
-        "pretrain_steps_per_epoch": (trainer.pretrain_info or {}).get("batches_per_epoch"),
+        "steps_per_epoch": (phases["sampler"] or {}).get("optimizer_steps_per_epoch"),
+        "pretrain_steps_per_epoch": (phases["pretraining"] or {}).get("batches_per_epoch"),
         "steps": s.step, "pretrain_steps": s.pretrain_steps, "skipped_steps": s.skipped_steps,
         "images_seen": s.images, "wall_time_s": round(trainer.clock(), 2),
         "images_per_s": s.images / s.compute_s if s.compute_s else None,
@@ -108,8 +113,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "epoch_loss": s.epoch_losses, "final_loss": s.epoch_losses[-1] if s.epoch_losses else None,
         "pretrain_epoch_loss": s.pretrain_losses,
         "fallback_batches": s.fallback_batches, "repeated_images": s.repeated_images,
-        "sampler": trainer.sampler_info, "pretraining": trainer.pretrain_info,
-        "text_frozen": trainer.params.model.freeze_text and not re, "precomputed_texts": trainer.n_precomputed,
+        "sampler": phases["sampler"], "pretraining": phases["pretraining"],
+        "text_frozen": trainer.params.model.freeze_text and not re, "precomputed_texts": phases["precomputed_texts"],
         # what the text phase (pretraining, re) trained: the whole tower, or the projection on the frozen tower
         "text_phase_trained": t.text_trains if files.text_phase else None,
         "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained,

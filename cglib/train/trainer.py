@@ -1,8 +1,10 @@
-"""One train.runs entry from start (or its checkpoint) to final weights and summary: the two phases' loops.
+"""One train.runs entry from start (or its checkpoint) to final weights and summary, through one loop.
 
-Phase 1 (optional) is textual pretraining (pretrain.py), phase 2 the image-text epochs over group batches
-(sampler.py: `train.epoch` says what an epoch is). Positions and counters live in `Progress`; the checkpoint
-of the last completed optimizer step is written at each epoch end and on an interruption (faults.py).
+A run is a sequence of phases (phases.py): optional textual pretraining, then the image-text epochs over group
+batches with the run's objective; or, for a text objective (re), its RE phase alone. `run_phase` is the only
+training loop: it steps, counts (`Progress`), logs, marks the position after every optimizer step and calls the
+callbacks after every epoch (callbacks.py: checkpoints, the search's pruning). The checkpoint of the last
+completed optimizer step is written at each epoch end and on an interruption (faults.py).
 """
 
 from __future__ import annotations
@@ -10,32 +12,28 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from cglib import losses
 from cglib.config import TrainRunParams
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
-from cglib.models import ClipModel, Towers, encode_texts, tokenize
-from cglib.related.mcc_head import ConceptBank, ConceptHead, build_head
-from cglib.related.memory import ConceptMemory, initial_memory
+from cglib.models import ClipModel
 from cglib.run import RunContext, seed_everything
-from cglib.train.batches import GroupBatchData, batch_loader
+from cglib.train import phases
+from cglib.train.callbacks import Callback, Checkpoints, EpochHook
 from cglib.train.checkpoint import Progress, RunFiles
 from cglib.train.distributed import DistInfo
 from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved_precision
-from cglib.train.inputs import TrainInputs, run_spec, text_source
+from cglib.train.inputs import TrainInputs, run_spec
+from cglib.train.objectives import Objective, build_objective
 from cglib.train.optim import amp_dtype
-from cglib.train.pretrain import TextPairSampler
+from cglib.train.phases import Phase
 from cglib.train.released import TRAINED_HERE, load_released, released_present
 from cglib.train.runlog import LOG_COLUMNS, RunLog
-from cglib.train.sampler import GroupBatchSampler
-from cglib.train.step import Stepper, group_step_loss, set_trainable, wrap
-from cglib.train.text_phase import ProjectedTexts, text_phase_trainable
+from cglib.train.step import Stepper
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +55,24 @@ class Trainer:
         self.files = RunFiles(run, entry.name, {**self.spec, "data": inputs.fingerprint}, info,
                               resolved_precision(self.device, self.amp))
         self.hash, self.out = self.files.hash, self.files.out
-        self.state = Progress(phase="re" if entry.loss == "re" else "pretrain" if entry.pretrain != "none" else "train")
+        # the objective's run-long state (a head, a memory) lives in it; the loop only calls its hooks
+        self.objective: Objective = build_objective(run.params, entry, self.spec["run"]).to(self.device)
+        if info.distributed and self.objective.distributed_refusal:
+            raise ValueError(f"run {entry.name!r} (loss: {entry.loss}) cannot run under torchrun: "
+                             f"{self.objective.distributed_refusal}; run it without torchrun")
+        first = self.objective.phase if self.objective.phase != "train" else \
+            "pretrain" if entry.pretrain != "none" else "train"
+        self.state = Progress(phase=first)
         # (progress, rng, stepper) at the last completed optimizer step: weights and optimizer only change inside
         # Stepper's interrupt-proof update, so together with them this is an exact checkpoint at any interruption
         self.boundary: tuple[dict[str, Any], dict[str, Any], Stepper | None] | None = None
         self.resumed_from: int | None = None
         self.warmup_used: dict[str, int] = {}
-        self.sampler_info: dict[str, Any] | None = None
-        self.pretrain_info: dict[str, Any] | None = None
-        self.n_precomputed = 0
-        self.re_info: dict[str, Any] | None = None
-        self.hard_negative_info: dict[str, Any] | None = None  # loss: clip_hn (cglib.related.hard_negatives)
+        # what the phases tell the run summary (sampler, pretraining, re_training, precomputed_texts)
+        self.described: dict[str, Any] = {}
+        # after every epoch: the checkpoint, then the caller's on_epoch (the search scores and may prune there)
+        self.callbacks: list[Callback] = [Checkpoints(), *([EpochHook(on_epoch)] if on_epoch else [])]
         self.weights_source: dict[str, Any] = {"kind": TRAINED_HERE}
-        self.memory: ConceptMemory | None = None  # the concept memory of a memory_momentum run (related/memory.py)
         if inputs.groups != entry.groups:
             raise ValueError(f"run {entry.name!r} trains on groups: {entry.groups}, but these inputs hold "
                              f"{inputs.groups} groups; load them with load_inputs(run, groups={entry.groups!r}) "
@@ -80,9 +83,9 @@ class Trainer:
         self.state.wall_s = self.clock()
         self.boundary = (copy.deepcopy(self.state.state()), self.files.rng(), stepper)
 
-    def _save_boundary(self) -> None:
+    def save_boundary(self) -> None:
         if self.boundary is not None:
-            self.files.save_checkpoint(self.bundle, *self.boundary, memory=self.memory)
+            self.files.save_checkpoint(self.bundle, *self.boundary, objective=self.objective)
 
     # ------------------------------------------------------------------------------------ main
     def __call__(self) -> dict[str, Any]:
@@ -116,14 +119,18 @@ class Trainer:
                 if self.state.phase == "re" and released_present(self.entry):
                     self.weights_source = load_released(self.bundle, self.entry)
                 elif self.state.phase == "re":
-                    self._re(ckpt)
+                    self.run_phase(phases.re_alignment(self, ckpt))
                 else:
                     if self.state.phase == "pretrain":
-                        self._pretrain(ckpt)
+                        pretraining = phases.textual_pretraining(self, ckpt)
+                        if pretraining is not None:
+                            self.run_phase(pretraining)
+                        self._end_pretraining()
                         ckpt = None
-                    self._train(ckpt)
+                    self.run_phase(phases.image_text(self, ckpt))
+                    self._save_training_only_weights()
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (faults.Terminated)
-            self._save_boundary()
+            self.save_boundary()
             if self.boundary is not None:
                 logger.warning("%s: run %s saved after step %d; run again to resume",
                                type(stop).__name__ if str(stop) else "interrupted", self.entry.name,
@@ -147,8 +154,10 @@ class Trainer:
         self.warmup_used[phase] = warmup
         return warmup
 
-    def _stepper(self, module: torch.nn.Module, lr: float, total: int, phase: str, ckpt: dict[str, Any] | None,
-                 head: torch.nn.Module | None = None) -> Stepper:
+    def make_stepper(self, module: torch.nn.Module, lr: float, total: int, phase: str,
+                     ckpt: dict[str, Any] | None, head: torch.nn.Module | None = None) -> Stepper:
+        """The phase's optimizer over the model (and `head`, an objective with trainable weights), restored from
+        the checkpoint when it was saved inside this phase."""
         stepper = Stepper(self.bundle.model, module, lr=lr, weight_decay=self.t.weight_decay,
                           warmup_steps=self._warmup(total, phase), total_steps=total, amp=self.amp,
                           grad_clip=self.t.grad_clip, device=self.device, head=head)
@@ -174,278 +183,71 @@ class Trainer:
         if self.on_step is not None:
             self.on_step(row)
 
-    def _announce(self, phase: str, per_epoch: int, epochs: int, how: str) -> None:
+    def announce(self, phase: str, per_epoch: int, epochs: int, how: str) -> None:
         """Print steps per epoch before a phase starts (also stored in the summary)."""
         if self.info.is_main and self.state.step == 0:
             print(f"{self.entry.name}: {phase}, {per_epoch} optimizer steps per epoch x {epochs} epochs ({how})")
 
-    # ------------------------------------------------------------------------------------ phase 1
-    def _pretrain(self, ckpt: dict[str, Any] | None) -> None:
-        sampler = TextPairSampler(self.inputs.magic, self.entry.pretrain, self.t.pretrain_batch_size,
-                                  self.run.train_seed)
-        if sampler.batch_size % self.info.world_size:
-            raise ValueError(f"train.pretrain_batch_size ({sampler.batch_size}) must be divisible by the number "
-                             f"of processes ({self.info.world_size})")
-        self.pretrain_info = sampler.describe()
-        total = self.t.pretrain_epochs * len(sampler)
-        if total:
-            projected = text_phase_trainable(self.bundle, self.t.text_trains, sampler.all_texts(),
-                                             self.info.world_size)
-            if projected is not None:
-                self.pretrain_info["tower_outputs_precomputed"] = len(projected)
-            self.bundle.model.train()
-            module = wrap(Towers(self.bundle.model), self.info)
-            stepper = self._stepper(module, self.t.pretrain_lr, total, "pretrain", ckpt)
-            self._announce(f"text pretraining (text {self.t.text_trains})", len(sampler), self.t.pretrain_epochs,
-                           "distinct targets")
-            self._pretrain_epochs(sampler, module, stepper, total, projected)
+    def start_model(self) -> ClipModel:
+        """The run's STARTING model: the current one before any step, else rebuilt without touching the RNG."""
+        if self.state.global_step == 0:
+            return self.bundle
+        with torch.random.fork_rng(devices=[]):  # building a model draws init weights: keep the run's RNG stream
+            return self.files.fresh_model()
+
+    # ------------------------------------------------------------------------------------ the one loop
+    def run_phase(self, phase: Phase) -> None:
+        """Every optimizer step of a phase from the current position: `phase.micro_batches` micro-batches a step,
+        counted and checkpointed at its end, then each epoch's mean loss and the callbacks."""
         s = self.state
-        s.pretrain_steps, s.phase, s.epoch, s.batch, s.step = s.step, "train", 0, 0, 0
-        self._mark(None)
-        self._save_boundary()
-
-    def _pretrain_epochs(self, sampler: TextPairSampler, module: torch.nn.Module, stepper: Stepper,
-                         total: int, projected: ProjectedTexts | None) -> None:
-        per = sampler.batch_size // self.info.world_size
-        part = slice(self.info.rank * per, (self.info.rank + 1) * per)
-        tau = self.spec["run"]["tau"]
-
-        def loss_fn(pair: tuple[list[str], list[str]]) -> dict[str, torch.Tensor]:
-            captions, targets = pair
-            if projected is not None:
-                text = projected(captions[part] + targets[part])
-            else:
-                _, text = module(None, self.bundle.tokenizer(captions[part] + targets[part]).to(self.device))
-            return {"loss": losses.text_alignment_loss(text[:per], text[per:], tau=tau)}
-
-        def advance(result: dict[str, float]) -> None:
-            s = self.state
-            s.batch += 1
-            s.count(result)
-            if s.batch == len(sampler):
-                s.pretrain_losses.append(s.epoch_sum / max(1, s.epoch_count))
+        bar = self._bar(phase.epochs * phase.steps_per_epoch, phase.title)
+        while s.epoch < phase.epochs:
+            batches = phase.batches(s.epoch, s.batch)
+            while s.batch < phase.batches_per_epoch:
+                tick = time.perf_counter()
+                items = [next(batches) for _ in range(min(phase.micro_batches, phase.batches_per_epoch - s.batch))]
+                wait = time.perf_counter() - tick
+                images = sum(item["global_images"] for item in items) if phase.image_text else 0
+                advance = functools.partial(self._advance, phase, items, images, wait, tick)
+                result = phase.stepper.step(items, phase.loss, advance)
+                self._record(s.epoch, result, images, wait, time.perf_counter() - tick, phase.log(items, result))
+                bar.update(1)
+                if s.step % self.t.log_every == 0:
+                    bar.set_postfix(loss=f"{result['loss']:.4f}", lr=f"{result['lr']:.2e}")
+            with defer_interrupts():
+                getattr(s, phase.losses).append(s.epoch_sum / max(1, s.epoch_count))
                 s.epoch, s.batch, s.epoch_sum, s.epoch_count = s.epoch + 1, 0, 0.0, 0
-            self._mark(stepper)
-
-        bar = self._bar(total, "text pretraining")
-        while self.state.epoch < self.t.pretrain_epochs:
-            epoch = self.state.epoch
-            tick = time.perf_counter()
-            pair = sampler.batch(epoch, self.state.batch)
-            wait = time.perf_counter() - tick
-            result = stepper.step([pair], loss_fn, advance)
-            self._record(epoch, result, 0, wait, time.perf_counter() - tick, {})
-            bar.update(1)
+                self._mark(phase.stepper)
+            for callback in self.callbacks:
+                callback.epoch_end(self, phase)
         bar.close()
 
-    # ------------------------------------------------------------------------------------ loss: re
-    def _re(self, ckpt: dict[str, Any] | None) -> None:
-        """The HierarCaps RE alignment (re_run.py): the text tower alone, on train.re_data's items."""
-        from cglib.train.re_run import LOSS_PARTS, REBatchSampler, re_items, re_step_loss
-
-        t = self.t
-        if self.info.world_size > 1:
-            raise ValueError(f"run {self.entry.name!r} (loss: re) trains on one process; run it without torchrun")
-        items, described = re_items(self.params, self.inputs.magic)
-        sampler = REBatchSampler(items, t.re_batch_size, self.run.train_seed)
-        per_epoch = len(sampler)
-        self.re_info = {**described, **sampler.describe(), "epochs": t.re_epochs, "lr": t.re_lr,
-                        "weights": {"mean": t.re_w_mean, "minimax": t.re_w_minimax, "reg": t.re_w_reg},
-                        "regularizer": "embeddings of the starting text tower (eval mode), computed once"}
-        self.sampler_info = {**self.re_info, "optimizer_steps_per_epoch": per_epoch}
-        total = t.re_epochs * per_epoch
-        # the frozen original tower: every text embedded once by the starting weights (a resumed run rebuilds them)
-        texts = sampler.all_texts()
-        original = self.bundle
-        if ckpt is not None:
-            original = self.files.fresh_model()
-            original.model.to(self.device)
-        frozen = torch.from_numpy(encode_texts(original, texts)).to(self.device)
-        rows = {text: k for k, text in enumerate(texts)}
-        self.n_precomputed = len(texts)
-        projected = text_phase_trainable(self.bundle, t.text_trains, [*texts, ""], self.info.world_size)
-        # eval mode: no dropout, as in HierarCaps' CLIP (whose towers have none); with a dropout tower (MiniLM:
-        # 0.1) train mode would make the regularizer compare noisy embeddings with clean ones (reg > 0 at step 1)
-        self.bundle.model.eval()
-        module = wrap(Towers(self.bundle.model), self.info)
-        stepper = self._stepper(module, t.re_lr, total, "re", ckpt)
-        self._announce(f"RE alignment (text {t.text_trains})", per_epoch, t.re_epochs,
-                       f"train.re_data: {t.re_data}, {len(items)} items, batch {sampler.batch_size}")
-        weights = {"w_mean": t.re_w_mean, "w_minimax": t.re_w_minimax, "w_reg": t.re_w_reg}
-
-        def embed(texts: list[str]) -> torch.Tensor:
-            if projected is not None:
-                return projected(texts)
-            return module(None, tokenize(self.bundle, texts).to(self.device))[1]
-
-        def loss_fn(batch: list) -> dict[str, torch.Tensor]:
-            return re_step_loss(embed, batch, frozen, rows, weights)
-
-        def advance(result: dict[str, float]) -> None:
-            s = self.state
-            s.batch += 1
-            s.count(result)
-            if s.batch == per_epoch:
-                s.epoch_losses.append(s.epoch_sum / max(1, s.epoch_count))
-                s.epoch, s.batch, s.epoch_sum, s.epoch_count = s.epoch + 1, 0, 0.0, 0
-            self._mark(stepper)
-
-        bar = self._bar(total, "RE")
-        while self.state.epoch < t.re_epochs:
-            epoch = self.state.epoch
-            tick = time.perf_counter()
-            batch = sampler.batch(epoch, self.state.batch)
-            wait = time.perf_counter() - tick
-            result = stepper.step([batch], loss_fn, advance)
-            self._record(epoch, result, 0, wait, time.perf_counter() - tick,
-                         {f"re_{k}": result[k] for k in LOSS_PARTS})
-            bar.update(1)
-            if self.state.batch == 0:  # an epoch ended
-                self._save_boundary()
-                self.files.save_epoch_weights(self.bundle, self.state.epoch)
-        bar.close()
-
-    # ------------------------------------------------------------------------------------ phase 2
-    def _advance(self, stepper: Stepper, items: list[dict[str, Any]], images: int, wait: float, tick: float,
+    def _advance(self, phase: Phase, items: list[Any], images: int, wait: float, tick: float,
                  result: dict[str, float]) -> None:
-        """Count a completed image-text optimizer step (called inside the update's interrupt-proof section)."""
+        """Count a completed optimizer step (called inside the update's interrupt-proof section)."""
         s = self.state
         s.batch += len(items)
         s.count(result)
-        s.images += images
-        s.data_wait_s += wait
-        s.compute_s += time.perf_counter() - tick - wait
-        s.fallback_batches += sum(1 for item in items if item["fallback_groups"])
-        s.repeated_images += sum(item["repeated_images"] for item in items)
-        if self.memory is not None:  # the memory moves with the weights: a skipped step changes neither
-            self.memory.discard() if result.get("skipped") else self.memory.commit()
-        self._mark(stepper)
+        if phase.image_text:
+            s.images += images
+            s.data_wait_s += wait
+            s.compute_s += time.perf_counter() - tick - wait
+            s.fallback_batches += sum(1 for item in items if item["fallback_groups"])
+            s.repeated_images += sum(item["repeated_images"] for item in items)
+        phase.objective.after_step(bool(result.get("skipped")))  # e.g. commit (or discard) a memory's update
+        self._mark(phase.stepper)
 
-    def _text_table(self, sampler: GroupBatchSampler, extra: set[str] | None = None
-                    ) -> tuple[dict[str, int] | None, torch.Tensor | None]:
-        """A frozen text tower's embeddings of every text a batch can hold (`extra`: clip_hn's permuted texts)."""
-        if not self.params.model.freeze_text:
-            return None, None
-        texts = sorted(set(sampler.all_texts()) | extra) if extra else sampler.all_texts()
-        table = torch.from_numpy(encode_texts(self.bundle, texts)).to(self.device)
-        return {t: k for k, t in enumerate(texts)}, table
-
-    def _memory(self, sampler: GroupBatchSampler, ckpt: dict[str, Any] | None) -> ConceptMemory | None:
-        """The run's concept memory (memory_momentum): from the checkpoint, else encoded at the starting weights."""
-        momentum = self.entry.memory_momentum
-        if momentum is None:
-            return None
-        saved = None if ckpt is None else ckpt.get("memory")
-        if saved is not None:
-            memory = ConceptMemory.from_state_dict(saved)
-            if len(memory) != len(sampler.groups):
-                raise ValueError(f"{self.files.ckpt_dir} holds a memory of {len(memory)} groups but the run trains "
-                                 f"{len(sampler.groups)}; delete it (or set train.resume: false) to start over")
-        elif ckpt is not None and ckpt["progress"]["step"] > 0:
-            raise ValueError(f"{self.files.ckpt_dir} holds no concept memory for run {self.entry.name!r}; delete "
-                             "it (or set train.resume: false) to start over")
-        else:  # a fresh image-text phase: the rows of the starting (or textually pretrained) weights
-            memory = initial_memory(self.bundle, sampler, self.inputs.cache, momentum)
-        memory.to(self.device).broadcast()  # DDP: every rank starts from rank 0's rows (then updates identically)
-        self.sampler_info["memory"] = {"groups": len(memory), "momentum": momentum}
-        return memory
-
-    def _mcc_head(self, sampler: GroupBatchSampler) -> tuple[ConceptHead, ConceptBank]:
-        """loss: mcc: the concept head (seeded by the training seed) and the training groups' concept embeddings,
-        their node names encoded once by the run's STARTING text tower (also when resuming, or after textual
-        pretraining changed the tower: the head's input never depends on where a run was interrupted)."""
-        if self.info.world_size > 1:
-            raise ValueError(f"run {self.entry.name!r} (loss: mcc) trains on one process for now (its concept head "
-                             "is not synchronized across ranks); run it without torchrun")
-        if self.t.pairs_per_group < 2:
-            raise ValueError("loss mcc contrasts images within a group: set train.pairs_per_group >= 2")
-        if self.state.global_step == 0:
-            start = self.bundle
-        else:
-            with torch.random.fork_rng(devices=[]):  # building a model draws init weights: keep the run's RNG stream
-                start = self.files.fresh_model()
-        groups = list(sampler.groups)
-        table = torch.from_numpy(encode_texts(start, [self.inputs.magic.nodes[g].name for g in groups]))
-        bank = ConceptBank({g: k for k, g in enumerate(groups)}, table.to(self.device))
-        head = build_head(table.shape[1], self.t.mcc_hidden, self.run.train_seed).to(self.device)
-        head.train()
-        self.sampler_info["mcc"] = {"concepts": len(groups), "weight": self.t.mcc_weight,
-                                    "hidden": self.t.mcc_hidden or table.shape[1], "tau": self.spec["run"]["tau"],
-                                    "concept_source": "node names, the run's starting text tower"}
-        return head, bank
-
-    def _train(self, ckpt: dict[str, Any] | None) -> None:
-        t, info = self.t, self.info
-        sampler = GroupBatchSampler(self.inputs.magic, t.groups_per_batch, t.pairs_per_group,
-                                    self.run.train_seed, text_source(self.params, self.entry), set(self.inputs.cache.image_ids),
-                                    epoch=t.epoch)
-        if t.groups_per_batch % info.world_size:
-            raise ValueError(f"train.groups_per_batch ({t.groups_per_batch}) must be divisible by the number of "
-                             f"processes ({info.world_size}) so every rank holds whole groups")
-        if self.entry.loss not in ("clip", "clip_hn") and t.groups_per_batch < 2:
-            raise ValueError(f"the {self.entry.loss} loss contrasts groups: set train.groups_per_batch >= 2")
-        per_epoch = math.ceil(len(sampler) / t.grad_accum)
-        self.sampler_info = {**sampler.describe(), "optimizer_steps_per_epoch": per_epoch,
-                             "group_source": self.entry.groups}
-        if self.inputs.groups == "ngram":
-            self.sampler_info["ngram"] = {k: v for k, v in self.inputs.magic.stats.get("ngram", {}).items()
-                                          if k not in ("too_frequent", "aliases", "removed_from_l1")}
-        total = t.epochs * per_epoch
-        head, bank = self._mcc_head(sampler) if self.entry.loss == "mcc" else (None, None)
-        set_trainable(self.bundle, image=True, text=not self.params.model.freeze_text)
-        self.bundle.model.train()
-        hard_negatives = None
-        if self.entry.loss == "clip_hn":  # every epoch's hard negatives, counted (and embedded if the tower is frozen)
-            from cglib.related.hard_negatives import plan_hard_negatives
-            from cglib.related.permute import permuter_for
-
-            hard_negatives = plan_hard_negatives(sampler, permuter_for(self.params), self.run.train_seed, t.epochs)
-            self.hard_negative_info = hard_negatives.describe()
-        text_rows, table = self._text_table(sampler, hard_negatives.texts if hard_negatives else None)
-        self.n_precomputed = 0 if table is None else len(table)
-        self.memory = self._memory(sampler, ckpt)
-        module = wrap(Towers(self.bundle.model), info)
-        stepper = self._stepper(module, t.lr, total, "train", ckpt, head)
-        spec = {**self.spec["run"], "mcc_weight": t.mcc_weight}
-        hn_note = "" if hard_negatives is None else (
-            f"; clip_hn: {self.hard_negative_info['pairs_without_keyword']} of {self.hard_negative_info['pairs']} "
-            "pairs over all epochs have no keyword, so no hard negative")
-        self._announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {sampler.describe()['training_pairs']} training pairs{hn_note}")
-
-        def loss_fn(item: dict[str, Any]) -> dict[str, torch.Tensor]:
-            return group_step_loss(module, self.bundle, item, spec, table, memory=self.memory, head=head,
-                                   bank=bank)
-
-        bar = self._bar(total, "image-text")
-        while self.state.epoch < t.epochs:
-            data = GroupBatchData(sampler, self.inputs.cache, self.state.epoch, self.state.batch, info, text_rows,
-                                  self.bundle.tokenizer, hard_negatives)
-            batches = batch_loader(data, t.num_workers, self.device)
-            while self.state.batch < len(sampler):
-                tick = time.perf_counter()
-                items = [next(batches) for _ in range(min(t.grad_accum, len(sampler) - self.state.batch))]
-                wait = time.perf_counter() - tick
-                images = sum(item["global_images"] for item in items)
-                extra = {"fallback_groups": sum(item["fallback_groups"] for item in items),
-                         "repeated_images": sum(item["repeated_images"] for item in items)}
-                advance = functools.partial(self._advance, stepper, items, images, wait, tick)
-                result = stepper.step(items, loss_fn, advance)
-                self._record(self.state.epoch, result, images, wait, time.perf_counter() - tick, extra)
-                bar.update(1)
-                if self.state.step % t.log_every == 0:
-                    bar.set_postfix(loss=f"{result['loss']:.4f}", lr=f"{result['lr']:.2e}")
-            with defer_interrupts():
-                s = self.state
-                s.epoch_losses.append(s.epoch_sum / max(1, s.epoch_count))
-                s.epoch, s.batch, s.epoch_sum, s.epoch_count = s.epoch + 1, 0, 0.0, 0
-                self._mark(stepper)
-            self._save_boundary()
-            self.files.save_epoch_weights(self.bundle, s.epoch)
-            if self.on_epoch is not None:
-                self.on_epoch(s.epoch, self.bundle)
-        bar.close()
-        if head is not None and info.is_main:  # training-only: kept for inspection, never part of the model
+    def _save_training_only_weights(self) -> None:
+        """Trained tensors outside the model (mcc's head): kept for inspection, never part of the evaluated model."""
+        if self.info.is_main:
             from safetensors.torch import save_file
 
-            save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
-                      str(self.out / "mcc_head.safetensors"))
+            for file, tensors in self.objective.training_only_weights().items():
+                save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(self.out / file))
+
+    def _end_pretraining(self) -> None:
+        """Between the text and the image-text phase: a checkpoint with no optimizer (the next starts fresh)."""
+        s = self.state
+        s.pretrain_steps, s.phase, s.epoch, s.batch, s.step = s.step, "train", 0, 0, 0
+        self._mark(None)
+        self.save_boundary()

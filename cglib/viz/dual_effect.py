@@ -14,8 +14,10 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from cglib.losses import centroid_group_loss, clip_loss, pairwise_group_loss
+from cglib.train.objectives import OBJECTIVES, GroupFeatures
 
-LOSS_NAMES = ("clip", "pairwise", "centroid")
+# the paper's image-text objectives (no related method, no text-only one), in the registry's order
+LOSS_NAMES = tuple(name for name, cls in OBJECTIVES.items() if cls.phase == "train" and not cls.related)
 
 
 @dataclass
@@ -51,14 +53,12 @@ def group_geometry(image: np.ndarray, text: np.ndarray) -> dict[str, float]:
 
 
 def _loss_fn(loss: str, tau: float, tau_inner: float, alpha: float, alpha_on: str, normalize_products: bool):
-    if loss == "clip":
-        return lambda i, t: clip_loss(i, t, tau)
-    if loss == "pairwise":
-        return lambda i, t: pairwise_group_loss(i, t, tau, tau_inner, alpha, alpha_on=alpha_on,
-                                                normalize_products=normalize_products)
-    if loss == "centroid":
-        return lambda i, t: centroid_group_loss(i, t, tau, tau_inner, alpha, alpha_on=alpha_on)
-    raise ValueError(f"loss must be one of {LOSS_NAMES}, got {loss!r}")
+    """The objective `loss` of the registry as a function of (image, text) points."""
+    if loss not in LOSS_NAMES:
+        raise ValueError(f"loss must be one of {LOSS_NAMES}, got {loss!r}")
+    objective = OBJECTIVES[loss]({"tau": tau, "tau_inner": tau_inner, "alpha": alpha, "alpha_on": alpha_on,
+                                  "normalize_products": normalize_products})
+    return lambda image, text: objective(GroupFeatures(image, text))["loss"]
 
 
 def optimize_points(loss: str, *, groups: int = 4, pairs: int = 6, dim: int = 3, steps: int = 300, lr: float = 0.05,

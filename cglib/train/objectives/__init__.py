@@ -1,0 +1,83 @@
+"""Training objectives: one module each, one registry, one way to plug in your own.
+
+    from cglib.train.objectives import build_objective, objective_class
+    objective = build_objective(params, entry, spec)      # what train.runs[i].loss names, ready to set up
+
+`train.runs[i].loss` is a built-in name (`OBJECTIVES` below) or `package.module:ClassName`, a subclass of
+`Objective` defined anywhere importable (see base.py for the contract and a ten-line example). The training
+loop, the checkpoint, the run summary, Table 3's roles and the figures ask the objective (its family, label,
+hooks), never its name, so a new objective is one file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+from cglib.train.objectives.base import FAMILIES, GroupFeatures, Objective, Setup
+from cglib.train.objectives.centroid import Centroid
+from cglib.train.objectives.clip import Clip
+from cglib.train.objectives.clip_hn import ClipHardNegatives
+from cglib.train.objectives.mcc import MCC
+from cglib.train.objectives.memory_centroid import MemoryCentroid
+from cglib.train.objectives.pairwise import Pairwise
+from cglib.train.objectives.radial_embedding import RadialEmbedding
+from cglib.train.objectives.text_alignment import TextAlignment
+
+__all__ = ["FAMILIES", "MCC", "OBJECTIVES", "Centroid", "Clip", "ClipHardNegatives", "GroupFeatures",
+           "MemoryCentroid", "Objective", "Pairwise", "RadialEmbedding", "Setup", "TextAlignment", "build_objective",
+           "objective_class", "objective_for", "objective_name", "objective_train_keys"]
+
+# the built-in objectives, by the name a run entry's `loss` gives (the paper's rows first, then related methods)
+OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (
+    Clip, Pairwise, Centroid, RadialEmbedding, ClipHardNegatives, MemoryCentroid, MCC)}
+PLUGIN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def objective_class(loss: str) -> type[Objective]:
+    """The objective class a `loss` names: a built-in name or `package.module:ClassName` (imported)."""
+    if loss in OBJECTIVES:
+        return OBJECTIVES[loss]
+    if not PLUGIN.match(loss):
+        import difflib
+
+        close = difflib.get_close_matches(loss, list(OBJECTIVES), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown loss {loss!r}; {hint}use one of {', '.join(OBJECTIVES)} or your own objective "
+                         "as package.module:ClassName")
+    module_name, class_name = loss.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"loss {loss!r}: cannot import module {module_name!r} ({exc}); put it on the Python path "
+                         "(install your package, or set PYTHONPATH) or fix the name") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        # ValueError, not TypeError: params validation (pydantic) reports ValueErrors as the params file's errors
+        raise ValueError(f"loss {loss!r}: {module_name}.{class_name} is not a subclass of "  # noqa: TRY004
+                         f"cglib.train.objectives.Objective; define it as `class {class_name}(Objective)`")
+    if cls.family not in FAMILIES:
+        raise ValueError(f"loss {loss!r}: family {cls.family!r} is not one of {', '.join(FAMILIES)}; set the class "
+                         "attribute `family`")
+    return cls
+
+
+def objective_for(entry: Any) -> type[Objective]:
+    """The objective class of a run entry (a centroid run with memory_momentum is the memory variant)."""
+    return objective_class(entry.loss).for_entry(entry)
+
+
+def objective_train_keys() -> set[str]:
+    """Every train.* key that belongs to one built-in objective (in the spec of that objective's runs only)."""
+    return {key for cls in OBJECTIVES.values() for key in cls.train_keys}
+
+
+def build_objective(params: Any, entry: Any, spec: dict[str, Any]) -> Objective:
+    """The run entry's objective, built from its spec (`run_spec(...)["run"]`) and the params."""
+    return objective_for(entry)(spec, params)
+
+
+def objective_name(entry: Any) -> str:
+    """How results name a run's objective: the class's `name`, else the `loss` string that loaded it."""
+    return objective_for(entry).name or entry.loss
