@@ -66,6 +66,15 @@ def test_demo_series_runs_end_to_end(tmp_path):
     metrics = pd.read_csv(out / "evaluation" / "metrics.csv")
     assert (metrics["n_seeds"] == 2).all() and (out / "evaluation" / "seeds.csv").is_file()
     assert "| seeds |" in (out / "evaluation" / "table3.md").read_text()
+    # notebook 09: your own objective (defined in the notebook) trained beside clip and centroid, in Table 3
+    trial = out / "own_objective"
+    own = json.loads((trial / "training" / "triplet" / "summary.json").read_text())
+    assert own["objective"] == "centroid_triplet" and own["objective_family"] == "group" and own["steps"] > 0
+    assert json.loads((trial / "training" / "clip" / "summary.json").read_text())["spec_hash"] == \
+        json.loads((out / "training" / "clip" / "summary.json").read_text())["spec_hash"]  # reused, not retrained
+    assert set(pd.read_csv(trial / "evaluation" / "table3.csv").iloc[:, 0]) == {"zero-shot", "clip", "centroid",
+                                                                                  "triplet"}
+    assert (trial / "figures" / "09_fig4_your_objective.png").is_file()
     figures = list((out / "figures").glob("*.png"))
     assert len(figures) >= 8 and all(f.with_suffix(".pdf").is_file() for f in figures)
 
