@@ -200,7 +200,7 @@ def _evaluate_model(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from cglib.run import RunContext, seed_everything, set_threads
-    from cglib.train.search import run_search, shown_url, storage_url
+    from cglib.search.study import run_search, shown_url, storage_url
 
     params = load_params(args.params, check_paths=not args.no_check_paths)
     run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()

@@ -327,7 +327,7 @@ class TrainRunParams(Section):
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="Override train.alpha for this run.")
     memory_momentum: float | None = Field(
         None, description="loss: centroid only: contrast against a momentum memory of every training group's "
-        "image and text centroids (DCCL, Pu et al. 2023; cglib/related/memory.py), updated after each step as "
+        "image and text centroids (DCCL, Pu et al. 2023; cglib/train/objectives/concept_memory.py), updated after each step as "
         "mem <- normalize(m * mem + (1 - m) * batch centroid); m in (0, 1). null = the batch's groups only.")
 
     @field_validator("loss")

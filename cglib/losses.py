@@ -9,7 +9,7 @@ group, L embedding dimensions. Every loss L2-normalizes its inputs, so `s(a, b)`
 - `centroid_group_loss` (Eqs. 5-8): outer = CLIP InfoNCE between the M image centroids and the M text
   centroids; inner = each image (text) classified among the M image (text) centroids with tau'.
 - `memory_centroid_loss`: the same against a memory of all G concepts' centroids (DCCL, Pu et al. CVPR 2023;
-  the memory and its momentum update live in cglib/related/memory.py): the batch's groups are live, the rest
+  the memory and its momentum update live in cglib/train/objectives/concept_memory.py): the batch's groups are live, the rest
   constant rows.
 - `clip_loss`: standard symmetric InfoNCE over all pairs (the baseline); `text_alignment_loss`: the same between
   two sets of texts (textual alignment pretraining, Sec. 3.2.4).
@@ -479,7 +479,7 @@ def mcc_loss(image_features: Tensor, concept_features: Tensor, tau: Temperature 
     r"""MCC ("Capture Concept through Comparison"): images of a group compared in a space conditioned on its concept.
 
     `image_features` (M, N, L): N images of each of M groups; `concept_features` (M, L): h_g, the vector of group
-    g's concept (in training, a trainable MLP of the concept name's frozen text embedding, cglib.related.mcc_head).
+    g's concept (in training, a trainable MLP of the concept name's frozen text embedding, cglib.train.objectives.concept_head).
     With I the unit image vectors and z^g = normalize(h_g * I) (element-wise: the concept re-weights the joint
     space's dimensions), the images of group g are positives of each other and every image of another group is
     a negative, in g's space (supervised contrastive, SupCon "out" form):

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ import yaml
 
 from cglib.config import Params
 from cglib.frontend import HEADLESS_ENV
-from cglib.run import REPO_ROOT, provenance, write_json
+from cglib.run import REPO_ROOT, provenance, runner_gone, runner_identity, write_json
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
 DEFAULT_KERNEL = "cglib"
@@ -433,29 +432,6 @@ def losses(stages: dict[str, dict]) -> int:
 
 
 # ----------------------------------------------------------------------------------------- run status
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of a process (Linux /proc), which tells a reused PID from the original."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def runner_identity() -> dict:
-    """Who runs the series: PID, host and process start time (recorded in run.json)."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid())}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def run_status(run_dir: Path) -> dict:
     """run.json with its status as of now: a "running" run whose runner PID is gone on this host is
     "interrupted" (another host's run cannot be checked and stays "running")."""
@@ -466,14 +442,3 @@ def run_status(run_dir: Path) -> dict:
     if manifest.get("status") == "running" and runner_gone(manifest.get("runner") or {}):
         manifest["status"] = "interrupted"
     return manifest
-
-
-def runner_gone(runner: dict) -> bool:
-    """Whether the process `runner_identity` described has ended: its PID is gone on this host or reused by
-    another process. False for a process on another host (it cannot be checked from here)."""
-    pid = runner.get("pid")
-    if runner.get("host") != socket.gethostname() or not isinstance(pid, int):
-        return False
-    recorded, current = runner.get("process_start"), _process_start(pid)
-    reused = recorded is not None and current is not None and recorded != current
-    return not _pid_alive(pid) or reused

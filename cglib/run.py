@@ -18,10 +18,12 @@ Layout of `outputs/<run>/` (one folder per stage, so any notebook can re-run alo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
 import random
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -200,3 +202,45 @@ def write_json(path: Path, obj: Any) -> Path:
     tmp.write_text(json.dumps(obj, indent=1, default=str, ensure_ascii=False), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def keyed_rng(seed: int, key: str) -> np.random.Generator:
+    """A generator that depends on the seed and a string key only (a node, an image id): the same draws for a key
+    whatever else a run holds or in which order it asks (splits, RE items)."""
+    digest = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "little")
+    return np.random.default_rng([seed, digest])
+
+
+# ----------------------------------------------------------------------------------------- who runs it
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of a process (Linux /proc), which tells a reused PID from the original."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def runner_identity() -> dict:
+    """Who runs the series: PID, host and process start time (recorded in run.json)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid())}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def runner_gone(runner: dict) -> bool:
+    """Whether the process `runner_identity` described has ended: its PID is gone on this host or reused by
+    another process. False for a process on another host (it cannot be checked from here)."""
+    pid = runner.get("pid")
+    if runner.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    recorded, current = runner.get("process_start"), _process_start(pid)
+    reused = recorded is not None and current is not None and recorded != current
+    return not _pid_alive(pid) or reused

@@ -14,7 +14,7 @@ from cglib.config import parse_params
 from cglib.data.coco import CaptionFileError, load_coco_captions, normalize_caption, parse_coco_captions
 from cglib.data.dataset import CaptionDataset, ImageLoadError, check_image, open_image
 from cglib.data.hierarcaps import HierarCapsItem, load_hierarcaps, load_hierarcaps_dataset
-from cglib.data.sources import load_captions
+from cglib.magic.sources import load_captions
 
 # ----------------------------------------------------------------------------------------------- fixtures
 
@@ -276,7 +276,7 @@ def test_real_hierarcaps_dataset_with_and_without_coco(shared_data: Path) -> Non
 
 
 def test_sources_reads_both_real_sources(shared_data: Path) -> None:
-    """cglib.data.sources.load_captions builds the coco and hierarcaps datasets from params."""
+    """cglib.magic.sources.load_captions builds the coco and hierarcaps datasets from params."""
     hc = shared_data / "hierarcaps"
     for data, n in (({"source": "coco", "coco_captions": str(hc / "coco_captions_hc1k.json"),
                       "coco_images": str(hc / "test_imgs"), "max_images": 12}, 12),

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from test_train import _final_and_log, _interrupt_at, make_run
 
 from cglib.losses import mcc_loss
-from cglib.related.mcc_head import ConceptBank, build_head
 from cglib.train import train_one
+from cglib.train.objectives.concept_head import ConceptBank, build_head
 
 
 @pytest.mark.parametrize(("m", "n", "dim", "tau"), [(2, 2, 3, 0.1), (3, 4, 5, 0.5), (4, 3, 8, 1.0)])
@@ -111,7 +111,7 @@ def test_a_run_refuses_inputs_of_other_groups(tmp_path):
     """A groups: ngram run given MAGIC inputs (e.g. by the search) fails naming the fix; the search never tunes
     an n-gram run (its validation split is carved from MAGIC)."""
     from cglib.config import ParamsError, parse_params
-    from cglib.train.distributed import DistInfo
+    from cglib.distributed import DistInfo
     from cglib.train.inputs import load_inputs, run_entry
     from cglib.train.trainer import Trainer
 

@@ -16,10 +16,10 @@ from test_train import _final_and_log, _interrupt_at, make_run
 from test_train_distributed import free_port
 
 from cglib.config import TrainRunParams
+from cglib.distributed import DistInfo
 from cglib.models import build_model, encode_texts, load_weights
 from cglib.train import ensure_initial, train_one
 from cglib.train.checkpoint import load_checkpoint
-from cglib.train.distributed import DistInfo
 from cglib.train.inputs import related_methods, run_spec
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import FAMILIES, OBJECTIVES, Objective, Setup, build_objective, objective_class
@@ -51,8 +51,8 @@ def test_every_built_in_objective_describes_itself():
 @pytest.mark.parametrize(("loss", "message"), [
     ("centroidd", "unknown loss 'centroidd'; did you mean 'centroid'?"),
     ("no_such_package.module:Thing", "cannot import module 'no_such_package.module'"),
-    ("my_objectives:Missing", "my_objectives.Missing is not a subclass of cglib.train.objectives.Objective"),
-    ("my_objectives:NotAnObjective", "is not a subclass of cglib.train.objectives.Objective"),
+    ("my_objectives:Missing", "module 'my_objectives' has no 'Missing'; check the class name"),
+    ("my_objectives:NotAnObjective", "NotAnObjective is not a subclass of cglib.train.objectives.base.Objective"),
     ("my_objectives:OddFamily", "family 'pairs' is not one of clip, group, text"),
 ])
 def test_a_bad_loss_is_a_params_error_naming_the_fix(plugin_path, loss, message):

@@ -83,7 +83,7 @@ def test_without_shared_data_the_synthetic_coco_files_stand_in(tmp_path: Path) -
     and HierarCaps reader with nothing skipped (how the rehearsal runs where ../shared/data is absent)."""
     from cglib.data.coco_export import write_synthetic_coco
     from cglib.data.hierarcaps import load_hierarcaps
-    from cglib.data.sources import load_captions
+    from cglib.magic.sources import load_captions
 
     files = write_synthetic_coco(tmp_path / "data", images_per_concept=2, image_size=32, hierarcaps_per_concept=1)
     raw = yaml.safe_load(REHEARSAL.read_text(encoding="utf-8"))

@@ -178,8 +178,8 @@ def test_clip_hn_training_counts_pairs_without_a_keyword(tmp_path, freeze_text):
     from test_train import make_run
 
     from cglib.magic.schema import save_magic
-    from cglib.related.hard_negatives import batch_hard_negatives
     from cglib.train import train_one
+    from cglib.train.objectives.keyword_negatives import batch_hard_negatives
     from cglib.train.sampler import GroupBatchSampler
 
     magic, dataset = _magic_with_keywords()

@@ -1,4 +1,4 @@
-"""The momentum concept memory (cglib/related/memory.py) and the memory centroid loss (DCCL-style, Eqs. 5-8 over G)."""
+"""The momentum concept memory (cglib/train/objectives/concept_memory.py) and the memory centroid loss (DCCL-style, Eqs. 5-8 over G)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from reference_losses import ref_memory_centroid_loss
 
 from cglib.config import TrainRunParams
 from cglib.losses import centroid_group_loss, memory_centroid_loss
-from cglib.related.memory import ConceptMemory, group_centroids
+from cglib.train.objectives.concept_memory import ConceptMemory, group_centroids
 
 TAU, TAU_INNER, ALPHA = 0.1, 0.2, 0.7
 

@@ -19,9 +19,9 @@ from cglib.cli import main as cli_main
 from cglib.config import Params, ParamsError, load_params, parse_params
 from cglib.magic.schema import save_magic
 from cglib.run import RunContext
+from cglib.search.study import open_study, run_search
+from cglib.search.validation import search_view
 from cglib.train.sampler import GroupBatchSampler
-from cglib.train.search import open_study, run_search
-from cglib.train.validation import search_view
 
 REPO = Path(__file__).resolve().parent.parent
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)

@@ -13,7 +13,6 @@ import pytest
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset, load_ground_truth, save_ground_truth
 from cglib.data.render import OBJECTS, SETTINGS, Placement, background, icon_sprite, render_scene
-from cglib.data.sources import load_captions
 from cglib.data.synthetic import (
     TEMPLATES,
     check_drawable,
@@ -23,6 +22,7 @@ from cglib.data.synthetic import (
     write_captions,
 )
 from cglib.data.taxonomy import SceneContent, Taxonomy, load_taxonomy
+from cglib.magic.sources import load_captions
 from cglib.viz import data_figures
 
 matplotlib.use("Agg")

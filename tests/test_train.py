@@ -15,11 +15,11 @@ from factories import tiny_magic
 from safetensors.torch import load_file
 
 from cglib.config import Params
+from cglib.distributed import DistInfo
 from cglib.magic.schema import save_magic
 from cglib.models import build_model, encode_texts, load_weights
 from cglib.run import RunContext
 from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
-from cglib.train.distributed import DistInfo
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import OBJECTIVES
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine

@@ -21,10 +21,10 @@ import yaml
 from safetensors.torch import load_file
 from test_train import make_run
 
+from cglib.distributed import DistInfo
 from cglib.models import build_model, encode_texts, load_weights
 from cglib.run import RunContext
 from cglib.train import ensure_initial, train_one
-from cglib.train.distributed import DistInfo
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import OBJECTIVES
 from cglib.train.sampler import GroupBatchSampler

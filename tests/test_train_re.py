@@ -11,13 +11,13 @@ import torch
 from factories import tiny_magic, two_top_magic
 
 from cglib.config import Params, ParamsError, parse_params
+from cglib.distributed import DistInfo
 from cglib.magic.schema import save_magic
 from cglib.models import Towers, referenced_weights
 from cglib.radial import radial_embedding_loss
 from cglib.run import RunContext
 from cglib.train import load_trained, train_all, train_one
 from cglib.train.checkpoint import FINAL, INITIAL, RunFiles, spec_hash, text_keys
-from cglib.train.distributed import DistInfo
 from cglib.train.inputs import run_entry, run_spec
 from cglib.train.loop import load_inputs
 from cglib.train.re_run import REBatchSampler, re_items, re_texts

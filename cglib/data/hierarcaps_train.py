@@ -23,14 +23,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cglib.data.coco import CaptionFileError, normalize_caption
 from cglib.data.hierarcaps import LEVEL_SEPARATOR, N_LEVELS
-from cglib.magic.schema import MagicFile
-from cglib.magic.split import _rng
+from cglib.run import keyed_rng
+
+if TYPE_CHECKING:  # items are built from any MAGIC-like object; the type is for readers
+    from cglib.magic.schema import MagicFile
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +151,7 @@ def re_items_from_magic(magic: MagicFile, split: str = "train", seed: int = 0, c
     counts: Counter = Counter()
     items: list[REItem] = []
     for image_id in magic.split_ids(split):
-        items.extend(_image_items(context, image_id, _rng(seed, image_id), captions_per_image, counts))
+        items.extend(_image_items(context, image_id, keyed_rng(seed, image_id), captions_per_image, counts))
     logger.info("RE items from MAGIC (%s split): %d items; %s", split, len(items),
                 ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     return items, counts

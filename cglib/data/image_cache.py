@@ -27,9 +27,9 @@ from cglib.data.dataset import CaptionDataset, ImageLoadError
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 
 if TYPE_CHECKING:
+    from cglib.distributed import DistInfo
     from cglib.magic.schema import MagicFile
     from cglib.run import RunContext
-    from cglib.train.distributed import DistInfo
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def image_cache_dir(run: RunContext) -> Path:
 def magic_image_cache(run: RunContext, magic: MagicFile, dataset: CaptionDataset, size: int,
                       progress: bool = True, info: DistInfo | None = None) -> ImageCache:
     """The image cache of the MAGIC images (both splits) at `size`; built by rank 0, opened by the others."""
-    from cglib.train import distributed  # torch: imported only when a MAGIC cache is asked for
+    from cglib import distributed  # torch: imported only when a MAGIC cache is asked for
 
     known = set(dataset.image_ids)
     missing = [i for i in magic.images if i not in known]

@@ -12,16 +12,10 @@ concept  whole l1 concepts are held out: round(n_nodes * test_fraction) nodes (a
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Literal
 
-import numpy as np
-
-
-def _rng(seed: int, key: str) -> np.random.Generator:
-    digest = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "little")
-    return np.random.default_rng([seed, digest])
+from cglib.run import keyed_rng
 
 
 def _round_half_up(x: float) -> int:
@@ -47,14 +41,14 @@ def split_images(groups: dict[str, list[str]], kind: Literal["image", "concept"]
     if kind == "image":
         for node in sorted(groups):
             images = sorted(groups[node])
-            order = _rng(seed, salt + node).permutation(len(images))
+            order = keyed_rng(seed, salt + node).permutation(len(images))
             n_test = n_test_images(len(images), test_fraction)
             for rank, i in enumerate(order):
                 split[images[i]] = "test" if rank < n_test else "train"
         return split
     if kind == "concept":
         nodes = sorted(groups)
-        order = _rng(seed, salt + "concept-split").permutation(len(nodes))
+        order = keyed_rng(seed, salt + "concept-split").permutation(len(nodes))
         n_test = 0 if len(nodes) < 2 else min(max(1, _round_half_up(len(nodes) * test_fraction)), len(nodes) - 1)
         test_nodes = {nodes[i] for i in order[:n_test]}
         for node in nodes:

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from cglib.config import load_params
+from cglib.distributed import init_distributed
 from cglib.run import RunContext, open_run, seed_everything, set_threads
-from cglib.train.distributed import init_distributed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from cglib.data.image_cache import ImageCache
-from cglib.train.distributed import DistInfo
+from cglib.distributed import DistInfo
 from cglib.train.sampler import GroupBatchSampler
 
 
@@ -18,10 +18,10 @@ class GroupBatchData(torch.utils.data.Dataset):
     Every item carries `text_ids`, this rank's (m*n,) slice of ids over the WHOLE batch's distinct texts (equal id
     = identical string, the same on every rank), which the losses use to keep identical texts from being each
     other's negatives, and `group_index`, each of this rank's groups' position in `sampler.groups` (its row of a
-    concept memory, cglib/related/memory.py). Each rank keeps its own groups; a DataLoader may run this in worker
+    concept memory, cglib/train/objectives/concept_memory.py). Each rank keeps its own groups; a DataLoader may run this in worker
     processes (the cache is a memmap).
 
-    With `hard_negatives` (loss: clip_hn; a function of the whole batch, cglib.related.hard_negatives) an item also
+    With `hard_negatives` (loss: clip_hn; a function of the whole batch, cglib.train.objectives.keyword_negatives) an item also
     carries `hard_columns` (this rank's pairs' replaced global columns, -1: none) and the permuted texts as
     `hard_rows` (text table rows) or `hard_inverse` (into the tokenized texts); a pair without one points at its
     own text, which the loss ignores.

@@ -199,7 +199,7 @@ class RunFiles:
         """Remove a previous attempt's outputs before training from scratch."""
         import shutil
 
-        from cglib.train import distributed
+        from cglib import distributed
 
         if self.info.is_main:
             for name in ("log.csv", "summary.json", FINAL):

@@ -9,9 +9,9 @@ from typing import Any
 from cglib.config import Params, TrainRunParams
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, magic_image_cache
+from cglib.distributed import DistInfo
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.run import RunContext
-from cglib.train.distributed import DistInfo
 from cglib.train.objectives import objective_train_keys
 
 
@@ -61,8 +61,8 @@ def load_inputs(run: RunContext, image_size: int | None = None, progress: bool =
     cache = magic_image_cache(run, magic, CaptionDataset.load(dataset_dir), image_size, progress, info)
     digest = hashlib.sha1(magic_path.read_bytes())
     if groups == "ngram":
+        from cglib import distributed
         from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
-        from cglib.train import distributed
 
         info = info or DistInfo()
         if info.is_main:

@@ -69,14 +69,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cglib import distributed
 from cglib.config import Params
 from cglib.data.download import file_digest
+from cglib.distributed import DistInfo
 from cglib.models import ClipModel, architecture_params, build_model, load_weights, save_weights
 from cglib.run import RunContext, provenance, seed_everything, seed_label, training_dir, write_json
-from cglib.train import distributed
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
-from cglib.train.distributed import DistInfo
 from cglib.train.inputs import TrainInputs, inputs_for, load_inputs, model_image_size, run_entry, run_spec
 from cglib.train.objectives import build_objective
 from cglib.train.runlog import LOG_COLUMNS

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from cglib.distributed import DistInfo
 from cglib.models import ClipModel, Towers, pixels_to_tensor
-from cglib.train.distributed import DistInfo
 from cglib.train.faults import defer_interrupts, finite
 from cglib.train.objectives import GroupFeatures, Objective
 from cglib.train.optim import build_optimizer, warmup_cosine

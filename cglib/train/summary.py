@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cglib import distributed
 from cglib.config import Params
 from cglib.run import provenance, write_json
-from cglib.train import distributed
 from cglib.train.checkpoint import FINAL, LAST, text_keys
 from cglib.train.inputs import exposure, related_methods, text_source
 

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from cglib.config import TrainRunParams
+from cglib.distributed import DistInfo
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.models import ClipModel
 from cglib.run import RunContext, seed_everything
 from cglib.train import phases
 from cglib.train.callbacks import Callback, Checkpoints, EpochHook
 from cglib.train.checkpoint import Progress, RunFiles
-from cglib.train.distributed import DistInfo
 from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved_precision
 from cglib.train.inputs import TrainInputs, run_spec
 from cglib.train.objectives import Objective, build_objective

@@ -340,7 +340,7 @@ def save_dual_effect_table(vr: VizRun) -> Path:
 
 def search_study(vr: VizRun):
     """Notebook 08's Optuna study, loaded from its storage (search.json marks a search that has run)."""
-    from cglib.train.search import SUMMARY, open_study, workspace
+    from cglib.search.study import SUMMARY, open_study, workspace
 
     _require(workspace(vr.params, vr.dir) / SUMMARY, "08_search (or cglib search)")
     return open_study(vr.params, vr.dir)

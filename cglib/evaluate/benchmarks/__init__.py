@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import importlib
-
 from cglib.evaluate.benchmarks.base import Benchmark, EvalContext, ImageSet, Key, Scored, image_vectors
 from cglib.evaluate.benchmarks.clustering import Clustering
 from cglib.evaluate.benchmarks.forced_choice import ForcedChoice
 from cglib.evaluate.benchmarks.gallery import CocoCaptions, Gallery
 from cglib.evaluate.benchmarks.hierarcaps import HierarCaps
 from cglib.evaluate.benchmarks.keyword_permutation import KeywordPermutation
+from cglib.plugins import load_plugin
 
 __all__ = ["BUILT_IN", "Benchmark", "EvalContext", "ImageSet", "Key", "Scored", "benchmarks_for", "image_vectors",
            "load_benchmark"]
@@ -22,26 +21,12 @@ BUILT_IN: tuple[type[Benchmark], ...] = (ForcedChoice, Gallery, CocoCaptions, Cl
 
 def load_benchmark(path: str) -> type[Benchmark]:
     """The Benchmark subclass at `path` ("package.module:ClassName"); ValueError saying what to fix otherwise."""
-    module_name, sep, class_name = path.partition(":")
-    if not sep or not module_name or not class_name.isidentifier():
-        raise ValueError(f"benchmark {path!r}: write it as 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"benchmark {path!r}: cannot import module {module_name!r} ({exc}); install the package "
-                         "that holds it or put its folder on PYTHONPATH") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ValueError(f"benchmark {path!r}: module {module_name!r} has no {class_name!r}; check the class name")
-    if not (isinstance(cls, type) and issubclass(cls, Benchmark)):
-        # a ValueError, not a TypeError: pydantic reports it as an error of eval.benchmarks
-        raise ValueError(f"benchmark {path!r}: {class_name} is not a subclass of "  # noqa: TRY004
-                         "cglib.evaluate.benchmarks.Benchmark; subclass it and override prepare and score")
+    cls = load_plugin(path, Benchmark, "benchmark", "subclass it and override prepare and score")
     if cls.prepare is Benchmark.prepare or cls.score is Benchmark.score:
-        raise ValueError(f"benchmark {path!r}: {class_name} must override prepare(context) and "
+        raise ValueError(f"benchmark {path!r}: {cls.__name__} must override prepare(context) and "
                          "score(items, emb, context)")
     if not cls.name or cls.name in {b.name for b in BUILT_IN}:
-        raise ValueError(f"benchmark {path!r}: {class_name}.name must be set and differ from the built-in "
+        raise ValueError(f"benchmark {path!r}: {cls.__name__}.name must be set and differ from the built-in "
                          f"benchmarks ({', '.join(b.name for b in BUILT_IN)})")
     return cls
 

@@ -11,10 +11,10 @@ hooks), never its name, so a new objective is one file.
 
 from __future__ import annotations
 
-import importlib
-import re
+import difflib
 from typing import Any
 
+from cglib.plugins import load_plugin
 from cglib.train.objectives.base import FAMILIES, GroupFeatures, Objective, Setup
 from cglib.train.objectives.centroid import Centroid
 from cglib.train.objectives.clip import Clip
@@ -32,31 +32,18 @@ __all__ = ["FAMILIES", "MCC", "OBJECTIVES", "Centroid", "Clip", "ClipHardNegativ
 # the built-in objectives, by the name a run entry's `loss` gives (the paper's rows first, then related methods)
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (
     Clip, Pairwise, Centroid, RadialEmbedding, ClipHardNegatives, MemoryCentroid, MCC)}
-PLUGIN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 def objective_class(loss: str) -> type[Objective]:
     """The objective class a `loss` names: a built-in name or `package.module:ClassName` (imported)."""
     if loss in OBJECTIVES:
         return OBJECTIVES[loss]
-    if not PLUGIN.match(loss):
-        import difflib
-
+    if ":" not in loss:  # not a package.module:ClassName path: a misspelt built-in name
         close = difflib.get_close_matches(loss, list(OBJECTIVES), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(f"unknown loss {loss!r}; {hint}use one of {', '.join(OBJECTIVES)} or your own objective "
                          "as package.module:ClassName")
-    module_name, class_name = loss.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"loss {loss!r}: cannot import module {module_name!r} ({exc}); put it on the Python path "
-                         "(install your package, or set PYTHONPATH) or fix the name") from exc
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Objective)):
-        # ValueError, not TypeError: params validation (pydantic) reports ValueErrors as the params file's errors
-        raise ValueError(f"loss {loss!r}: {module_name}.{class_name} is not a subclass of "  # noqa: TRY004
-                         f"cglib.train.objectives.Objective; define it as `class {class_name}(Objective)`")
+    cls = load_plugin(loss, Objective, "loss", "define it as `class MyObjective(Objective)` with a forward(batch)")
     if cls.family not in FAMILIES:
         raise ValueError(f"loss {loss!r}: family {cls.family!r} is not one of {', '.join(FAMILIES)}; set the class "
                          "attribute `family`")

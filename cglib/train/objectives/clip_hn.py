@@ -14,8 +14,8 @@ from torch import Tensor
 
 from cglib import losses
 from cglib.data.permute import permuter_for
-from cglib.related.hard_negatives import HardNegativePlan, plan_hard_negatives
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
+from cglib.train.objectives.keyword_negatives import HardNegativePlan, plan_hard_negatives
 
 
 class ClipHardNegatives(Objective):

@@ -17,8 +17,8 @@ from torch import Tensor
 
 from cglib import losses
 from cglib.models import encode_texts
-from cglib.related.mcc_head import ConceptBank, ConceptHead, build_head
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
+from cglib.train.objectives.concept_head import ConceptBank, ConceptHead, build_head
 
 
 class MCC(Objective):

@@ -1,5 +1,5 @@
 """`loss: centroid` with `memory_momentum` (or `loss: memory_centroid`): the centroid loss against a momentum
-memory of every training group's centroids (DCCL, Pu et al. CVPR 2023; `cglib.related.memory`).
+memory of every training group's centroids (DCCL, Pu et al. CVPR 2023; `cglib.train.objectives.concept_memory`).
 
 The objective owns the memory: built at the phase's starting weights (or restored from the checkpoint, so a
 resumed run continues from the same rows), staged by every micro-batch's centroids and committed after the
@@ -14,8 +14,8 @@ from typing import Any
 from torch import Tensor
 
 from cglib import losses
-from cglib.related.memory import ConceptMemory, initial_memory
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
+from cglib.train.objectives.concept_memory import ConceptMemory, initial_memory
 
 
 class MemoryCentroid(Objective):

@@ -42,7 +42,7 @@ import yaml
 from optuna.trial import TrialState
 
 from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
-from cglib.run import RunContext, provenance, write_json
+from cglib.run import RunContext, provenance, runner_gone, runner_identity, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,6 @@ def trial_params(params: Params, values: dict[str, Any], name: str) -> Params:
 
 def recover_dead_trials(study: optuna.Study) -> list[int]:
     """Mark FAIL the RUNNING trials whose worker on this host is gone, and queue their values again; the numbers."""
-    from cglib.pipeline import runner_gone
 
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -199,9 +198,9 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
     from cglib.data.dataset import CaptionDataset
     from cglib.data.image_cache import magic_image_cache
     from cglib.magic.schema import load_magic
+    from cglib.search.validation import ValidationScorer, search_view
     from cglib.train.inputs import TrainInputs, model_image_size
     from cglib.train.loop import ensure_initial
-    from cglib.train.validation import ValidationScorer, search_view
 
     params = run.params
     folder = workspace(params, run.dir)
@@ -234,8 +233,7 @@ class Objective:
         self.run, self.space, self.progress = run, space, progress
 
     def __call__(self, trial: optuna.Trial) -> float:
-        from cglib.pipeline import runner_identity
-        from cglib.train import distributed
+        from cglib import distributed
         from cglib.train.inputs import run_entry
         from cglib.train.trainer import Trainer
 
