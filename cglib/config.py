@@ -80,7 +80,7 @@ class DataParams(Section):
     hierarcaps_csv: Path | None = Field(None, description="HierarCaps test CSV (source: hierarcaps, and evaluation).")
     hierarcaps_images: Path | None = Field(None, description="Folder of the HierarCaps test images.")
     hierarcaps_train_csv: Path | None = Field(None, description="HierarCaps train hierarchies, hierarcaps_train.csv.gz "
-                                              "(`cglib download hierarcaps-train`; train.re_data: hierarcaps_train).")
+                                              "(`cglib download hierarcaps-train`; a loss: re run's options.data: hierarcaps_train).")
     max_images: int | None = Field(None, ge=1, description="Use only the first N images (sorted by id); null = all.")
     image_cache_size: int = Field(224, ge=16, le=1024, description="Side of the decoded uint8 image cache for training.")
 
@@ -294,12 +294,12 @@ class TrainRunParams(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
     loss: str = Field(
         ..., description="Objective (cglib/train/objectives/, one module each): clip, pairwise, centroid (on MAGIC "
-        "image-text batches), re (HierarCaps' Radial Embedding alignment of the text tower alone, on train.re_data; "
+        "image-text batches), re (HierarCaps' Radial Embedding alignment of the text tower alone, on its options.data; "
         "the Table 3 HierarCaps row), or one of the related methods: clip_hn (Rosch et al.: CLIP with "
         "keyword-permuted hard negatives: each image's caption with one colour, object, size or location word "
         "swapped replaces one negative of its image->text row; pairs without such a word keep their row, counted "
         "in the summary's hard_negatives; best with text_source: original), mcc (C3: CLIP's InfoNCE + "
-        "train.mcc_weight x a SupCon loss between the images of each group, seen through a trainable head of the "
+        "options.weight x a SupCon loss between the images of each group, seen through a trainable head of the "
         "group's concept-name embedding) or memory_centroid (centroid with memory_momentum). Your own objective: "
         "package.module:ClassName, a subclass of cglib.train.objectives.Objective.")
     groups: Literal["magic", "ngram"] = Field(
@@ -329,6 +329,10 @@ class TrainRunParams(Section):
         None, description="loss: centroid only: contrast against a momentum memory of every training group's "
         "image and text centroids (DCCL, Pu et al. 2023; cglib/train/objectives/concept_memory.py), updated after each step as "
         "mem <- normalize(m * mem + (1 - m) * batch centroid); m in (0, 1). null = the batch's groups only.")
+    options: Any = Field(
+        default_factory=dict, description="The objective's own options, checked by its Options model (cglib/train/"
+        "objectives): loss re: data, epochs, batch_size, lr, w_mean, w_minimax, w_reg; loss mcc: weight, hidden; "
+        "your own objective: what its Options declares. `cglib params` lists each built-in objective's.")
 
     @field_validator("loss")
     @classmethod
@@ -343,6 +347,15 @@ class TrainRunParams(Section):
     def _objective_accepts_entry(self) -> TrainRunParams:
         """The objective's own rules for its run entries (cglib/train/objectives), and n-gram groups' rule."""
         objective = self.objective()
+        # the objective's options, validated by its own model (errors name the key and the objective)
+        given = self.options.model_dump() if isinstance(self.options, BaseModel) else (self.options or {})
+        try:
+            options = objective.Options.model_validate(given)
+        except ValidationError as exc:
+            problems = "; ".join(f"options.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            known = ", ".join(objective.Options.model_fields) or "none"
+            raise ValueError(f"run {self.name!r} (loss: {self.loss}): {problems} (its options: {known})") from None
+        self.__dict__["options"] = options  # validated; assigning through pydantic would validate the entry again
         objective.check_entry(self)
         if self.groups == "ngram" and self.pretrain != "none":
             raise ValueError(f"run {self.name!r}: n-gram groups have no generalized captions to pretrain on; set "
@@ -377,7 +390,24 @@ class BaseTrainParams(Section):
     warmup_steps: int = Field(20, ge=0, description="Linear warmup steps of base training.")
 
 
+# train.* keys that became options of one objective (train.runs[i].options): the error names where each went
+MOVED_TO_OPTIONS = {**{f"re_{k}": ("re", k) for k in ("data", "epochs", "batch_size", "lr", "w_mean", "w_minimax",
+                                                      "w_reg")},
+                    "mcc_weight": ("mcc", "weight"), "mcc_hidden": ("mcc", "hidden")}
+
+
 class TrainParams(Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """train.re_* and train.mcc_* now belong to the run entry of their objective (its `options`)."""
+        moved = [key for key in (data if isinstance(data, dict) else {}) if key in MOVED_TO_OPTIONS]
+        if moved:
+            where = "; ".join(f"train.{k} -> train.runs[i].options.{MOVED_TO_OPTIONS[k][1]} of the loss: "
+                              f"{MOVED_TO_OPTIONS[k][0]} run" for k in moved)
+            raise ValueError(f"these keys are now options of their objective's run entry: {where} (see `cglib params`)")
+        return data
+
     runs: list[TrainRunParams] = Field(
         default_factory=lambda: [TrainRunParams(name="clip", loss="clip"),
                                  TrainRunParams(name="pairwise", loss="pairwise"),
@@ -420,19 +450,6 @@ class TrainParams(Section):
         "tower", description="What the text phases (textual pretraining, loss: re) train. tower: the whole text "
         "tower and its projection (the authors); projection: the projection alone on the frozen tower, whose "
         "outputs are computed once (the demo: MiniLM, needs model.text_projection: identity).")
-    re_data: Literal["magic", "hierarcaps_train"] = Field(
-        "magic", description="Items of loss: re runs. magic: built from this run's MAGIC train split (concept chain "
-        "l_max..l1 + a caption; the chain names are the l1-l4 evaluation queries, so the run is exposed to "
-        "evaluation strings); hierarcaps_train: the authors' ~70k hierarchies (data.hierarcaps_train_csv).")
-    re_epochs: int = Field(1, ge=1, description="Epochs of a loss: re run over its items (HierarCaps: 1).")
-    re_batch_size: int = Field(8, ge=1, description="Items per loss: re batch (HierarCaps: 8).")
-    re_lr: float = Field(1e-7, gt=0, description="Peak learning rate of a loss: re run (HierarCaps' code: 1e-7).")
-    re_w_mean: float = Field(1.0, ge=0, description="RE loss: weight of the mean term (paper: 1).")
-    re_w_minimax: float = Field(1.0, ge=0, description="RE loss: weight of the mini-max term (paper: 1).")
-    re_w_reg: float = Field(10.0, ge=0, description="RE loss: weight of the frozen-tower regularizer (paper: 10).")
-    mcc_weight: float = Field(1.0, ge=0, description="loss: mcc: weight of the MCC term added to CLIP's InfoNCE.")
-    mcc_hidden: int | None = Field(None, ge=1, description="loss: mcc: hidden width of the concept head's 2-layer "
-                                   "MLP (null = the joint embedding size).")
     seeds: list[int] = Field(
         default_factory=lambda: [0], description="Training seeds: every run (and the base) is trained once per "
         "seed. A training seed varies only initialization (the base, any new head) and batch order; run.seed keeps "
@@ -818,8 +835,8 @@ def _check_paths(params: Params, root: Path) -> list[str]:
         needed += [("data.coco_captions", d.coco_captions), ("data.coco_images", d.coco_images)]
     if d.source == "hierarcaps" or params.eval.hierarcaps:
         needed += [("data.hierarcaps_csv", d.hierarcaps_csv), ("data.hierarcaps_images", d.hierarcaps_images)]
-    if params.train.re_data == "hierarcaps_train" and any("re_data" in r.objective().train_keys for r in params.train.runs):
-        needed.append(("data.hierarcaps_train_csv", d.hierarcaps_train_csv))
+    for entry in params.train.runs:  # files an objective reads (re on the HierarCaps train hierarchies)
+        needed += [f for f in entry.objective().input_files(params, entry) if f not in needed]
     if params.model.checkpoint is not None:
         needed.append(("model.checkpoint", params.model.checkpoint))
     if params.model.hf_state_dict is not None:
@@ -954,6 +971,13 @@ def schema_table() -> list[dict[str, str]]:
                          "meaning": field.description or ""})
             if name == "runs":
                 walk(TrainRunParams, key + "[].")
+                from cglib.train.objectives import OBJECTIVES  # the objectives' own options (lazy: torch)
+
+                for loss, objective in OBJECTIVES.items():
+                    for sub, f in objective.Options.model_fields.items():
+                        default = json.dumps(_jsonable(f.get_default(call_default_factory=True)))
+                        rows.append({"key": f"{key}[].options.{sub}", "type": _type_name(f.annotation),
+                                     "default": default, "meaning": f"loss: {loss}: {f.description or ''}"})
             if name == "zoo":
                 for sub, f in ZooModelParams.model_fields.items():
                     rows.append({"key": f"{key}[].{sub}", "type": "model section" if sub == "model" else "str",

@@ -154,5 +154,5 @@ def test_ngram_runs_need_original_captions_and_keep_old_specs(tmp_path):
     params = parse_params({"train": {"runs": [{"name": "clip", "loss": "clip"}, {"name": "m", "loss": "mcc"}]}},
                           tmp_path)
     clip = run_spec(params, run_entry(params, "clip"))
-    assert "groups" not in clip["run"] and "mcc_weight" not in clip["train"] and "mcc_hidden" not in clip["train"]
-    assert run_spec(params, run_entry(params, "m"))["train"]["mcc_weight"] == 1.0
+    assert "groups" not in clip["run"] and "options" not in clip["run"]  # defaults leave the spec as it was
+    assert run_spec(params, run_entry(params, "m"))["run"]["options"] == {"weight": 1.0, "hidden": None}

@@ -36,7 +36,7 @@ FORCED = {
     "llm.base_url",
     "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
-    "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers", "train.re_data",
+    "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers", "train.runs",
     "eval.bootstrap", "eval.zoo",
     "search.trials",
 }

@@ -24,7 +24,7 @@ def test_related_rows_train_and_are_scored_beside_the_paper_rows(small_run, tmp_
     related = yaml.safe_load((REPO / "params/related.yaml").read_text())
     params = yaml.safe_load((small_run / "params.yaml").read_text())
     params["model"].update(name="cglib-tiny-vit", text_tower="minilm", freeze_text=True)
-    params["train"].update(runs=related["train"]["runs"], seeds=[0], mcc_weight=related["train"]["mcc_weight"])
+    params["train"].update(runs=related["train"]["runs"], seeds=[0])
     params["train"]["base"]["corpus"] = "none"
     params["search"]["run"] = None
     params["ngram"] = {**related["ngram"], "min_images": 5}  # the shrunken world has 8 images per concept

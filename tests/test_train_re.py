@@ -24,8 +24,10 @@ from cglib.train.re_run import REBatchSampler, re_items, re_texts
 
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
 TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 1e-3, "warmup_steps": 2,
-              "weight_decay": 0.01, "log_every": 2, "epoch": "groups", "re_lr": 1e-3, "re_batch_size": 8}
-RE_ROWS = [{"name": "hierarcaps", "loss": "re"}, {"name": "hierarcaps_ft", "loss": "clip", "init": "hierarcaps"}]
+              "weight_decay": 0.01, "log_every": 2, "epoch": "groups"}
+RE_OPTIONS = {"lr": 1e-3, "batch_size": 8}
+RE_ROWS = [{"name": "hierarcaps", "loss": "re", "options": RE_OPTIONS},
+           {"name": "hierarcaps_ft", "loss": "clip", "init": "hierarcaps"}]
 
 
 def make_run(directory: Path, runs: list[dict], **train) -> RunContext:
@@ -81,7 +83,7 @@ def test_root_is_recomputed_and_receives_gradient(tmp_path):
     with respect to it, and it reaches the token embedding row of the empty string's tokens."""
     run = make_run(tmp_path, RE_ROWS[:1])
     inputs = load_inputs(run, progress=False)
-    items, _ = re_items(run.params, inputs.magic)
+    items, _ = re_items(run.params, "magic", inputs.magic)
     files = RunFiles(run, "hierarcaps", {}, DistInfo(), {})
     from cglib.train.loop import ensure_initial
 
@@ -142,11 +144,12 @@ def test_finished_re_run_is_reused_and_spec_keys(tmp_path, monkeypatch):
     assert again["spec_hash"] == first["spec_hash"]
     assert (tmp_path / "training" / "hierarcaps" / FINAL).stat().st_mtime_ns == mtime
 
-    def hashes(**train):
-        p = make_run(tmp_path, [*RE_ROWS, {"name": "clip", "loss": "clip"}], **train).params
+    def hashes(**options):
+        rows = [{**RE_ROWS[0], "options": {**RE_OPTIONS, **options}}, RE_ROWS[1], {"name": "clip", "loss": "clip"}]
+        p = make_run(tmp_path, rows).params
         return {r.name: spec_hash(run_spec(p, r)) for r in p.train.runs}
 
-    base, changed = hashes(), hashes(re_lr=2e-3)
+    base, changed = hashes(), hashes(lr=2e-3)
     assert base["clip"] == changed["clip"]
     assert base["hierarcaps"] != changed["hierarcaps"] and base["hierarcaps_ft"] != changed["hierarcaps_ft"]
     assert "init" not in run_spec(run.params, run_entry(run.params, "hierarcaps"))["run"]
@@ -165,15 +168,30 @@ def test_init_and_re_validation(tmp_path, runs, message):
 
 
 def test_hierarcaps_train_data_path_is_checked(tmp_path):
-    """re_data: hierarcaps_train needs data.hierarcaps_train_csv to exist (when a run uses loss re)."""
-    raw = {"train": {"re_data": "hierarcaps_train", "runs": [{"name": "hc", "loss": "re"}]}}
+    """A loss: re run with options.data: hierarcaps_train needs data.hierarcaps_train_csv to exist."""
+    raw = {"train": {"runs": [{"name": "hc", "loss": "re", "options": {"data": "hierarcaps_train"}}]}}
     with pytest.raises(ParamsError, match="data.hierarcaps_train_csv: required by this profile but not set"):
         parse_params(raw, tmp_path)
     raw["data"] = {"hierarcaps_train_csv": "missing.csv.gz"}
     with pytest.raises(ParamsError, match="data.hierarcaps_train_csv: path does not exist"):
         parse_params(raw, tmp_path)
     raw["train"]["runs"] = [{"name": "clip", "loss": "clip"}]  # no re run: the file is not needed
-    assert parse_params(raw, tmp_path).train.re_data == "hierarcaps_train"
+    assert parse_params(raw, tmp_path).train.runs[0].loss == "clip"
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"train": {"re_epochs": 2}}, r"train.re_epochs -> train.runs\[i\].options.epochs of the loss: re run"),
+    ({"train": {"mcc_weight": 0.5}}, r"train.mcc_weight -> train.runs\[i\].options.weight of the loss: mcc run"),
+    ({"train": {"runs": [{"name": "hc", "loss": "re", "options": {"epoch": 2}}]}},
+     r"run 'hc' \(loss: re\): options.epoch: Extra inputs are not permitted \(its options: data, epochs"),
+    ({"train": {"runs": [{"name": "c", "loss": "clip", "options": {"lr": 1.0}}]}},
+     r"run 'c' \(loss: clip\): options.lr: Extra inputs are not permitted \(its options: none\)"),
+])
+def test_objective_options_are_checked_and_moved_keys_named(tmp_path, raw, message):
+    """An objective's options are validated by its own model; the train.re_* / train.mcc_* keys of older params
+    files are an error that says which run entry's option each became."""
+    with pytest.raises(ParamsError, match=message):
+        parse_params(raw, tmp_path, check_paths=False)
 
 
 def test_single_top_node_drops_the_top_tier(tmp_path):
@@ -181,10 +199,10 @@ def test_single_top_node_drops_the_top_tier(tmp_path):
     with two top nodes they keep it (K = l_max + 1)."""
     params = make_run(tmp_path, RE_ROWS[:1]).params
     magic = tiny_magic()[0]
-    items, described = re_items(params, magic)
+    items, described = re_items(params, "magic", magic)
     assert len(items) == len(magic.split_ids("train")) and described["tiers"] == 4
     assert "top tier is left out" in described["data"]
-    items, described = re_items(params, two_top_magic())
+    items, described = re_items(params, "magic", two_top_magic())
     assert described["tiers"] == 5 and "left out" not in described["data"]
 
 
@@ -206,9 +224,10 @@ def test_re_run_resumes_bit_exactly(tmp_path):
                 raise KeyboardInterrupt
         return hook
 
-    whole = make_run(tmp_path / "whole", RE_ROWS[:1], re_epochs=2)
+    rows = [{**RE_ROWS[0], "options": {**RE_OPTIONS, "epochs": 2}}]
+    whole = make_run(tmp_path / "whole", rows)
     assert train_one(whole, "hierarcaps", progress=False)["steps"] == 10  # 36 items / 8: 5 steps per epoch
-    parts = make_run(tmp_path / "parts", RE_ROWS[:1], re_epochs=2)
+    parts = make_run(tmp_path / "parts", rows)
     for step in (3, 7):
         with pytest.raises(KeyboardInterrupt):
             train_one(parts, "hierarcaps", progress=False, on_step=interrupt_at(step))

@@ -68,8 +68,9 @@ def make_run(directory, released_path) -> RunContext:
     tiny_magic()[1].save(directory / "captions")
     params = Params.model_validate({
         "run": {"name": "t", "device": "cpu", "threads": 1}, "model": TINY_MODEL,
-        "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "epoch": "groups", "re_lr": 1e-3,
-                  "runs": [{"name": "hierarcaps", "loss": "re", "released": str(released_path)}]}})
+        "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "epoch": "groups",
+                  "runs": [{"name": "hierarcaps", "loss": "re", "released": str(released_path),
+                            "options": {"lr": 1e-3}}]}})
     return RunContext(params=params, dir=directory)
 
 

@@ -20,7 +20,8 @@ PROJECTED_MODEL = {"name": "cglib-tiny-vit", "text_tower": "minilm", "text_proje
                    "freeze_text": True}
 TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 1e-3, "warmup_steps": 2,
          "weight_decay": 0.01, "epoch": "groups", "text_trains": "projection",
-         "re_lr": 1e-2, "re_batch_size": 8, "pretrain_lr": 1e-2, "pretrain_batch_size": 4}
+         "pretrain_lr": 1e-2, "pretrain_batch_size": 4}
+RE_OPTIONS = {"lr": 1e-2, "batch_size": 8}
 PROJECTION = "text.proj.weight"
 
 
@@ -57,7 +58,7 @@ def test_re_on_the_projection_moves_only_the_projection(tmp_path, capsys):
     """An RE run with text_trains: projection changes text.proj.weight alone (tower and image side bitwise equal),
     references every other key to the initial weights, and its loss fell; the precomputed path embeds a text
     exactly as the trained model does."""
-    run = make_run(tmp_path, [{"name": "hierarcaps", "loss": "re"}])
+    run = make_run(tmp_path, [{"name": "hierarcaps", "loss": "re", "options": RE_OPTIONS}])
     summary = train_one(run, "hierarcaps", progress=False)
     assert "RE alignment (text projection)" in capsys.readouterr().out
     zero, trained = load_trained(run.params, tmp_path, "zero-shot"), load_trained(run.params, tmp_path, "hierarcaps")

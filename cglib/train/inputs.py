@@ -8,11 +8,11 @@ from typing import Any
 
 from cglib.config import Params, TrainRunParams
 from cglib.data.dataset import CaptionDataset
+from cglib.data.download import file_digest
 from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.distributed import DistInfo
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.run import RunContext
-from cglib.train.objectives import objective_train_keys
 
 
 @dataclass
@@ -95,16 +95,16 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 # Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
 # weights of earlier runs) unchanged.
 RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None, "memory_momentum": None,
-                                   "groups": "magic"}
+                                   "groups": "magic", "options": {}}
 
 
 def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
     """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed.
 
-    An objective's own train.* keys (`Objective.train_keys`: train.re_* for re, train.mcc_* for mcc) enter the
-    spec of its runs only (a change retrains those, not the others); a run
-    with `init` carries its starting run's spec, so retraining that run retrains this one. Without `init` (and
-    re keys) the spec is what it was before those keys existed: trained runs stay valid. `train.seeds` is not in
+    An objective's own options (`train.runs[i].options`) are part of its entry, and the files it reads
+    (`Objective.input_files`, e.g. re's HierarCaps train hierarchies) enter by content; a run with `init` carries
+    its starting run's spec, so retraining that run retrains this one. Run keys at their default leave the spec
+    (RUN_KEY_DEFAULTS): trained runs stay valid when a key is added. `train.seeds` is not in
     the spec (adding a seed does not retrain the others); training seed k > 0 is (`training_seed`).
     """
     t = params.train
@@ -114,20 +114,14 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
             del spec[key]
     spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
                 alpha=t.alpha if entry.alpha is None else entry.alpha)
-    objective = entry.objective()
-    # the train.* keys of other objectives stay out: changing them retrains only the runs they concern
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
-    exclude |= objective_train_keys() - set(objective.train_keys)
     train = t.model_dump(mode="json", exclude=exclude)
     out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
-    if "re_data" in objective.train_keys and t.re_data == "hierarcaps_train":
-        from cglib.data.download import file_digest
-
-        out["re_file"] = file_digest(params.data.hierarcaps_train_csv, "sha1") if params.data.hierarcaps_train_csv \
-            and params.data.hierarcaps_train_csv.is_file() else None
+    files = entry.objective().input_files(params, entry)
+    if files:  # a file's content is part of the result (a changed HierarCaps train file retrains the row)
+        out["input_files"] = {key: file_digest(path, "sha1") if path and path.is_file() else None
+                              for key, path in files}
     if entry.released is not None:  # the file appearing (or changing) replaces the trained row
-        from cglib.data.download import file_digest
-
         out["released_file"] = file_digest(entry.released, "sha1") if entry.released.is_file() else None
     if training_seed:
         out["training_seed"] = training_seed

@@ -89,7 +89,7 @@ def textual_pretraining(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase 
     stepper = trainer.make_stepper(module, t.pretrain_lr, total, "pretrain", ckpt)
     per = sampler.batch_size // info.world_size
     part = slice(info.rank * per, (info.rank + 1) * per)
-    align = TextAlignment(trainer.spec["run"])
+    align = TextAlignment({"tau": trainer.spec["run"]["tau"]})  # the run's tau; the run's objective options are not its
 
     def loss(pair: tuple[list[str], list[str]]) -> dict[str, torch.Tensor]:
         captions, targets = pair
@@ -107,13 +107,14 @@ def textual_pretraining(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase 
 
 
 def re_alignment(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase:
-    """The HierarCaps RE alignment (re_run.py): the text side alone, on train.re_data's items."""
+    """The HierarCaps RE alignment (re_run.py): the text side alone, on the items its options.data names."""
     t, bundle, objective = trainer.t, trainer.bundle, trainer.objective
-    items, described = re_items(trainer.params, trainer.inputs.magic)
-    sampler = REBatchSampler(items, t.re_batch_size, trainer.run.train_seed)
+    o = objective.options  # the run entry's options (REOptions)
+    items, described = re_items(trainer.params, o.data, trainer.inputs.magic)
+    sampler = REBatchSampler(items, o.batch_size, trainer.run.train_seed)
     per_epoch = len(sampler)
-    re_info = {**described, **sampler.describe(), "epochs": t.re_epochs, "lr": t.re_lr,
-               "weights": {"mean": t.re_w_mean, "minimax": t.re_w_minimax, "reg": t.re_w_reg},
+    re_info = {**described, **sampler.describe(), "epochs": o.epochs, "lr": o.lr,
+               "weights": {"mean": o.w_mean, "minimax": o.w_minimax, "reg": o.w_reg},
                "regularizer": "embeddings of the starting text tower (eval mode), computed once"}
     trainer.described.update(re_training=re_info, sampler={**re_info, "optimizer_steps_per_epoch": per_epoch})
     # the frozen original tower: every text embedded once by the starting weights (a resumed run rebuilds them)
@@ -130,16 +131,16 @@ def re_alignment(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase:
     # 0.1) train mode would make the regularizer compare noisy embeddings with clean ones (reg > 0 at step 1)
     bundle.model.eval()
     module = wrap(Towers(bundle.model), trainer.info)
-    stepper = trainer.make_stepper(module, t.re_lr, t.re_epochs * per_epoch, "re", ckpt)
-    trainer.announce(f"RE alignment (text {t.text_trains})", per_epoch, t.re_epochs,
-                     f"train.re_data: {t.re_data}, {len(items)} items, batch {sampler.batch_size}")
+    stepper = trainer.make_stepper(module, o.lr, o.epochs * per_epoch, "re", ckpt)
+    trainer.announce(f"RE alignment (text {t.text_trains})", per_epoch, o.epochs,
+                     f"options.data: {o.data}, {len(items)} items, batch {sampler.batch_size}")
 
     def embed(texts: list[str]) -> torch.Tensor:
         if projected is not None:
             return projected(texts)
         return module(None, tokenize(bundle, texts).to(trainer.device))[1]
 
-    return Phase("re", "RE", t.re_epochs, per_epoch, _sequential(sampler.batch, per_epoch),
+    return Phase("re", "RE", o.epochs, per_epoch, _sequential(sampler.batch, per_epoch),
                  lambda batch: objective(embed, batch), objective, stepper,
                  log=lambda items, result: {f"re_{k}": result[k] for k in LOSS_PARTS})
 

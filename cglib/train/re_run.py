@@ -3,14 +3,14 @@
 A run with `loss: re` trains the text side only (the image tower and the logit scale are frozen and referenced
 in its weights file): the text tower and its projection, or with `train.text_trains: projection` the projection
 alone on precomputed outputs of the frozen tower (`text_phase.py`; the demo) with `cglib.radial.radial_embedding_loss` on RE items
-(`cglib.data.hierarcaps_train`): `train.re_data: magic` builds them from this run's MAGIC train split (an image's
+(`cglib.data.hierarcaps_train`): the run's `options.data: magic` builds them from this run's MAGIC train split (an image's
 concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "train", run.seed)`; a single
 top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
 hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's 2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
 reach it); the regularizer compares them with the embeddings of the ORIGINAL text tower (the run's starting
 weights), computed once for every text before the first update. The tower runs in eval mode throughout (no
-dropout, as HierarCaps' CLIP has none), so the regularizer is 0 before the first update. `train.re_epochs`,
-`re_batch_size`, `re_lr` and the weights `re_w_mean`, `re_w_minimax`, `re_w_reg` (paper: 1, 1, 10) are part of
+dropout, as HierarCaps' CLIP has none), so the regularizer is 0 before the first update. The options `epochs`,
+`batch_size`, `lr` and the weights `w_mean`, `w_minimax`, `w_reg` (paper: 1, 1, 10; `REOptions`) are part of
 the run's spec. A batch is a pure function of (seed, epoch, index): `REBatchSampler`.
 
 Items from MAGIC name the l1-l4 concepts (the evaluation queries): such a run is `exposed_to_eval_strings`.
@@ -34,10 +34,9 @@ from cglib.radial import radial_embedding_loss
 LOSS_PARTS = ("mean", "minimax", "reg", "angle_pos", "angle_neg")  # logged as re_<part> in log.csv
 
 
-def re_items(params: Params, magic: MagicFile) -> tuple[list[REItem], dict[str, Any]]:
-    """The run's RE items (train.re_data) and a record of where they come from, for the summary."""
-    t = params.train
-    if t.re_data == "magic":
+def re_items(params: Params, data: str, magic: MagicFile) -> tuple[list[REItem], dict[str, Any]]:
+    """The run's RE items (`data`: its options.data) and a record of where they come from, for the summary."""
+    if data == "magic":
         items, counts = re_items_from_magic(magic, "train", params.run.seed, single_top="drop")
         what = ("MAGIC train split: per image its concept chain names l_max..l1 (the l1-l4 evaluation queries) "
                 "then one of its original captions; negatives same-level names off the chain and another image's "
@@ -46,14 +45,14 @@ def re_items(params: Params, magic: MagicFile) -> tuple[list[REItem], dict[str, 
     else:
         path = params.data.hierarcaps_train_csv
         if path is None:
-            raise ValueError("train.re_data: hierarcaps_train needs data.hierarcaps_train_csv (`cglib download "
+            raise ValueError("options.data: hierarcaps_train needs data.hierarcaps_train_csv (`cglib download "
                              "hierarcaps-train --dest DIR` fetches it)")
         items, counts = load_hierarcaps_train(path)
         what = f"HierarCaps train hierarchies ({path.name}): four tiers, the last a caption"
     if not items:
-        raise ValueError(f"train.re_data: {t.re_data} gave no RE item ({dict(counts)}); check the MAGIC train split "
+        raise ValueError(f"options.data: {data} gave no RE item ({dict(counts)}); check the MAGIC train split "
                          "(images with captions and concept chains) or the HierarCaps train file")
-    return items, {"re_data": t.re_data, "data": what, "items": len(items), "tiers": len(items[0].positives),
+    return items, {"re_data": data, "data": what, "items": len(items), "tiers": len(items[0].positives),
                    "counts": dict(sorted(Counter(counts).items()))}
 
 

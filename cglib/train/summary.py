@@ -102,7 +102,7 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
         # train.seeds: which training seed, and the seed it gave initialization and batch order
         "training_seed": trainer.run.training_seed, "init_and_order_seed": trainer.run.train_seed,
-        "epoch_kind": "re items" if re else t.epoch, "epochs": t.re_epochs if re else t.epochs,
+        "epoch_kind": "re items" if re else t.epoch, "epochs": getattr(objective.options, "epochs", t.epochs) if re else t.epochs,
         "steps_per_epoch": (phases["sampler"] or {}).get("optimizer_steps_per_epoch"),
         "pretrain_steps_per_epoch": (phases["pretraining"] or {}).get("batches_per_epoch"),
         "steps": s.step, "pretrain_steps": s.pretrain_steps, "skipped_steps": s.skipped_steps,

@@ -27,7 +27,7 @@ from cglib.train.objectives.text_alignment import TextAlignment
 
 __all__ = ["FAMILIES", "MCC", "OBJECTIVES", "Centroid", "Clip", "ClipHardNegatives", "GroupFeatures",
            "MemoryCentroid", "Objective", "Pairwise", "RadialEmbedding", "Setup", "TextAlignment", "build_objective",
-           "objective_class", "objective_for", "objective_name", "objective_train_keys"]
+           "objective_class", "objective_for", "objective_name"]
 
 # the built-in objectives, by the name a run entry's `loss` gives (the paper's rows first, then related methods)
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (
@@ -53,11 +53,6 @@ def objective_class(loss: str) -> type[Objective]:
 def objective_for(entry: Any) -> type[Objective]:
     """The objective class of a run entry (a centroid run with memory_momentum is the memory variant)."""
     return objective_class(entry.loss).for_entry(entry)
-
-
-def objective_train_keys() -> set[str]:
-    """Every train.* key that belongs to one built-in objective (in the spec of that objective's runs only)."""
-    return {key for cls in OBJECTIVES.values() for key in cls.train_keys}
 
 
 def build_objective(params: Any, entry: Any, spec: dict[str, Any]) -> Objective:

@@ -31,11 +31,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from cglib.config import Section
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from cglib.config import Params, TrainRunParams
 
 FAMILIES = ("clip", "group", "text")
 OPTIONAL_RUN_KEYS = ("memory_momentum", "released")  # run-entry keys that only some objectives read  # what Table 3's gain rows compare: CLIP-style pairs, grouped losses, text-only
+
+
+class NoOptions(Section):
+    """The options of an objective that takes none (a run entry's `options` must then be empty)."""
 
 
 @dataclass
@@ -91,16 +99,18 @@ class Objective(nn.Module):
     phase: ClassVar[str] = "train"  # "train": image-text group batches; "re": a text-only phase (re.py)
     min_groups: ClassVar[int] = 1  # groups per batch (train.groups_per_batch) it needs to contrast anything
     min_pairs: ClassVar[int] = 1  # pairs per group (train.pairs_per_group) it needs
-    train_keys: ClassVar[tuple[str, ...]] = ()  # train.* keys that belong to it: in its runs' spec only
+    Options: ClassVar[type[Section]] = NoOptions  # its run entries' `options` (validated with the params)
     run_keys: ClassVar[tuple[str, ...]] = ()  # optional run-entry keys (OPTIONAL_RUN_KEYS) it reads
     distributed_refusal: ClassVar[str | None] = None  # why it cannot run under torchrun (None: it can)
 
     def __init__(self, spec: dict[str, Any], params: Params | None = None) -> None:
-        """`spec`: the run entry with its effective tau, tau_inner and alpha (`run_spec(...)["run"]`)."""
+        """`spec`: the run entry with its effective tau, tau_inner and alpha (`run_spec(...)["run"]`); its
+        `options` (absent: the defaults) are validated again by `Options`."""
         super().__init__()
         self.spec = dict(spec)
         self.params = params
         self.tau = spec.get("tau", 0.1)
+        self.options = self.Options.model_validate(spec.get("options") or {})
 
     # ---------------------------------------------------------------- what the rest of the library asks
     @classmethod
@@ -123,6 +133,11 @@ class Objective(nn.Module):
                 owners = [name for name, other in OBJECTIVES.items() if key in other.run_keys]
                 raise ValueError(f"run {entry.name!r}: {key} is not an option of loss: {entry.loss} (it is one of "
                                  f"loss: {' / '.join(owners)}); remove it or change the loss")
+
+    @classmethod
+    def input_files(cls, params: Params, entry: TrainRunParams) -> list[tuple[str, Path | None]]:
+        """(params key, path) of the files its runs read beyond the data source (checked to exist)."""
+        return []
 
     @classmethod
     def check(cls, params: Params, entry: TrainRunParams) -> None:

@@ -1,4 +1,4 @@
-"""`loss: mcc` (C3): CLIP's InfoNCE + train.mcc_weight x a supervised contrastive term between the images of each
+"""`loss: mcc` (C3): CLIP's InfoNCE + options.weight x a supervised contrastive term between the images of each
 group, seen through a trainable head of the group's concept-name embedding (`cglib.losses.mcc_loss`).
 
 The objective owns the concept head (a submodule: optimized, clipped, checkpointed and, under torchrun,
@@ -13,24 +13,33 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from cglib import losses
+from cglib.config import Section
 from cglib.models import encode_texts
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
 from cglib.train.objectives.concept_head import ConceptBank, ConceptHead, build_head
+
+
+class MCCOptions(Section):
+    """train.runs[i].options of a loss: mcc run."""
+
+    weight: float = Field(1.0, ge=0, description="Weight of the MCC term added to CLIP's InfoNCE.")
+    hidden: int | None = Field(None, ge=1, description="Hidden width of the concept head's 2-layer MLP (null = the "
+                               "joint embedding size).")
 
 
 class MCC(Objective):
     name, label, family = "mcc", "CLIP + concept-conditioned image contrast (MCC, C3)", "clip"
     related = "concept-conditioned image contrast, MCC (C3)"
     min_pairs = 2
-    train_keys = ("mcc_weight", "mcc_hidden")
+    Options = MCCOptions
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)
-        self.weight = spec.get("mcc_weight", params.train.mcc_weight if params is not None else 0.5)
-        self.hidden = spec.get("mcc_hidden", params.train.mcc_hidden if params is not None else None)
+        self.weight, self.hidden = self.options.weight, self.options.hidden
         self.head: ConceptHead | None = None
         self.bank: ConceptBank | None = None
         self.info: dict[str, Any] | None = None

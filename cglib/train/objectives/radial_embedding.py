@@ -8,28 +8,43 @@ them with the starting tower's embeddings, which the phase computes once and han
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
+from cglib.config import Section
 from cglib.train.objectives.base import Objective
 from cglib.train.re_run import re_step_loss
 
-RE_KEYS = ("re_data", "re_epochs", "re_batch_size", "re_lr", "re_w_mean", "re_w_minimax", "re_w_reg")
+
+class REOptions(Section):
+    """train.runs[i].options of a loss: re run (HierarCaps' settings by default)."""
+
+    data: Literal["magic", "hierarcaps_train"] = Field(
+        "magic", description="The RE items. magic: built from this run's MAGIC train split (concept chain l_max..l1 "
+        "+ a caption; the chain names are the l1-l4 evaluation queries, so the run is exposed to evaluation "
+        "strings); hierarcaps_train: the authors' ~70k hierarchies (data.hierarcaps_train_csv).")
+    epochs: int = Field(1, ge=1, description="Epochs over the RE items (HierarCaps: 1).")
+    batch_size: int = Field(8, ge=1, description="RE items per batch (HierarCaps: 8).")
+    lr: float = Field(1e-7, gt=0, description="Peak learning rate (HierarCaps' code: 1e-7).")
+    w_mean: float = Field(1.0, ge=0, description="Weight of the mean term (paper: 1).")
+    w_minimax: float = Field(1.0, ge=0, description="Weight of the mini-max term (paper: 1).")
+    w_reg: float = Field(10.0, ge=0, description="Weight of the frozen-tower regularizer (paper: 10).")
 
 
 class RadialEmbedding(Objective):
     name, label, family = "re", "Radial Embedding alignment (HierarCaps)", "text"
     phase = "re"
-    train_keys = RE_KEYS
+    Options = REOptions
     run_keys = ("released",)
     distributed_refusal = "its text phase trains on one process"
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)
-        t = params.train
-        self.weights = {"w_mean": t.re_w_mean, "w_minimax": t.re_w_minimax, "w_reg": t.re_w_reg}
+        o = self.options
+        self.weights = {"w_mean": o.w_mean, "w_minimax": o.w_minimax, "w_reg": o.w_reg}
         self.frozen: Tensor | None = None
         self.rows: dict[str, int] = {}
 
@@ -49,10 +64,16 @@ class RadialEmbedding(Objective):
 
     @classmethod
     def exposure(cls, params: Any, entry: Any) -> list[str]:
-        if params.train.re_data != "magic":
+        if entry.options.data != "magic":
             return []
         return [("RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives "
-                 "(train.re_data: magic)")]
+                 "(options.data: magic)")]
+
+    @classmethod
+    def input_files(cls, params: Any, entry: Any) -> list[tuple[str, Any]]:
+        if entry.options.data != "hierarcaps_train":
+            return []
+        return [("data.hierarcaps_train_csv", params.data.hierarcaps_train_csv)]
 
     def reference(self, frozen: Tensor, rows: dict[str, int]) -> None:
         """The starting tower's embedding `frozen[rows[text]]` of every text the phase can meet (the regularizer)."""
