@@ -87,6 +87,10 @@ def text_bars_if_headless() -> bool:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
+    if "transformers" in sys.modules:  # imported before this call: it read the setting already
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     import tqdm.auto
     import tqdm.autonotebook
     import tqdm.std

@@ -121,13 +121,15 @@ def training_seed_value(run_seed: int, k: int) -> int:
 
 def open_run(params_path: str | Path, run_dir: str | Path | None = None, check_paths: bool = True) -> RunContext:
     """Load params, create the run directory (default `<output_dir>/<run.name>`), save the params there, seed."""
+    # first: validating params imports the objectives (torch, transformers), and Hugging Face reads whether to show
+    # its loading bars when it is imported; headless, those bars would interleave with ours
+    text_bars_if_headless()
     params = load_params(params_path, check_paths=check_paths)
     directory = Path(run_dir) if run_dir else params.run_dir()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
     seed_everything(params.run.seed)
     set_threads(params.run.threads)
-    text_bars_if_headless()  # no library widget bar (a widget comm) in a headless run
     return RunContext(params=params, dir=directory, params_path=Path(params_path))
 
 
