@@ -27,7 +27,7 @@ from cglib.train.objectives.text_alignment import TextAlignment
 
 __all__ = ["FAMILIES", "MCC", "OBJECTIVES", "Centroid", "Clip", "ClipHardNegatives", "GroupFeatures",
            "MemoryCentroid", "Objective", "Pairwise", "RadialEmbedding", "Setup", "TextAlignment", "build_objective",
-           "objective_class", "objective_for", "objective_name"]
+           "objective_class", "objective_for"]
 
 # the built-in objectives, by the name a run entry's `loss` gives (the paper's rows first, then related methods)
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (
@@ -58,8 +58,3 @@ def objective_for(entry: Any) -> type[Objective]:
 def build_objective(params: Any, entry: Any, spec: dict[str, Any]) -> Objective:
     """The run entry's objective, built from its spec (`run_spec(...)["run"]`) and the params."""
     return objective_for(entry)(spec, params)
-
-
-def objective_name(entry: Any) -> str:
-    """How results name a run's objective: the class's `name`, else the `loss` string that loaded it."""
-    return objective_for(entry).name or entry.loss

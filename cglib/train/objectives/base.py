@@ -105,10 +105,10 @@ class Objective(nn.Module):
 
     def __init__(self, spec: dict[str, Any], params: Params | None = None) -> None:
         """`spec`: the run entry with its effective tau, tau_inner and alpha (`run_spec(...)["run"]`); its
-        `options` (absent: the defaults) are validated again by `Options`."""
+        `options` (absent: the defaults) are validated again by `Options`. `params`, the whole params file, is
+        there for a subclass whose construction needs more than its entry (none of the built-in ones)."""
         super().__init__()
         self.spec = dict(spec)
-        self.params = params
         self.tau = spec.get("tau", 0.1)
         self.options = self.Options.model_validate(spec.get("options") or {})
 
