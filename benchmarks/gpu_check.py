@@ -51,7 +51,7 @@ from cglib.config import ModelParams, load_params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, build_image_cache
 from cglib.models import ClipModel, Towers, build_model, pixels_to_tensor
-from cglib.train.objectives import OBJECTIVES, GroupFeatures
+from cglib.train.objectives import OBJECTIVES, GroupFeatures, objective_with
 from cglib.train.optim import build_optimizer, warmup_cosine
 
 # the paper's image-text objectives from the registry, then open_clip's own ClipLoss as the reference
@@ -100,8 +100,7 @@ def model_params(arch: str, weights: bool) -> ModelParams:
 def make_loss(name: str, t) -> callable:
     """The objective `name` of the registry on (M, N, D) features with the paper profile's tau, tau', alpha."""
     if name in OBJECTIVES:
-        objective = OBJECTIVES[name]({"tau": t.tau, "tau_inner": t.tau_inner, "alpha": t.alpha, "alpha_on": "inner",
-                                      "normalize_products": False})
+        objective = objective_with(name, t.tau, tau_inner=t.tau_inner, alpha=t.alpha)
         return lambda i, x: objective(GroupFeatures(i, x))["loss"]
     clip = open_clip.loss.ClipLoss()
     scale = 1.0 / t.tau  # the same fixed temperature as the project's clip loss

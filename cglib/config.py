@@ -290,6 +290,12 @@ class ModelParams(Section):
 
 
 # ------------------------------------------------------------------------------------------- train
+# train.runs[i] keys that became options of the objectives that read them (train.runs[i].options)
+MOVED_RUN_KEYS = {"alpha_on": "pairwise, centroid, memory_centroid", "tau_inner": "pairwise, centroid, memory_centroid",
+                  "alpha": "pairwise, centroid, memory_centroid", "normalize_products": "pairwise",
+                  "memory_momentum": "centroid, memory_centroid", "released": "re"}
+
+
 class TrainRunParams(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Model name in results (e.g. clip, pairwise).")
     loss: str = Field(
@@ -300,7 +306,7 @@ class TrainRunParams(Section):
         "swapped replaces one negative of its image->text row; pairs without such a word keep their row, counted "
         "in the summary's hard_negatives; best with text_source: original), mcc (C3: CLIP's InfoNCE + "
         "options.weight x a SupCon loss between the images of each group, seen through a trainable head of the "
-        "group's concept-name embedding) or memory_centroid (centroid with memory_momentum). Your own objective: "
+        "group's concept-name embedding) or memory_centroid (centroid with options.memory_momentum). Your own objective: "
         "package.module:ClassName, a subclass of cglib.train.objectives.Objective.")
     groups: Literal["magic", "ngram"] = Field(
         "magic", description="Which groups batches are drawn from: magic (the run's MAGIC l1 nodes) or ngram "
@@ -313,26 +319,28 @@ class TrainRunParams(Section):
     pretrain: Literal["none", "leakage_free", "with_concepts"] = Field(
         "none", description="Textual alignment pretraining: none; leakage_free (captions vs generalized captions); "
         "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
-    released: Path | None = Field(
-        None, description="loss: re only: a file of the HierarCaps authors' released weights (a transformers CLIPModel "
-        "state dict over openai/clip-vit-base-patch32). When it exists the row loads its text tower onto the base "
-        "instead of training (summary weights_source: released); absent, the row is trained here and marked so.")
     text_source: Literal["generalized", "original"] | None = Field(
         None, description="Override train.text_source for this run (null = train.text_source): original trains on "
         "each image's own captions, e.g. a baseline whose hard negatives rewrite caption keywords.")
-    alpha_on: Literal["inner", "outer"] = Field("inner", description="inner: paper (alpha*inner); outer: authors' code.")
-    normalize_products: bool = Field(False, description="Authors' pairwise inner term (normalized products).")
     tau: float | None = Field(None, gt=0, description="Override train.tau for this run (null = train.tau).")
-    tau_inner: float | None = Field(None, gt=0, description="Override train.tau_inner for this run.")
-    alpha: float | None = Field(None, ge=0.0, le=1.0, description="Override train.alpha for this run.")
-    memory_momentum: float | None = Field(
-        None, description="loss: centroid only: contrast against a momentum memory of every training group's "
-        "image and text centroids (DCCL, Pu et al. 2023; cglib/train/objectives/concept_memory.py), updated after each step as "
-        "mem <- normalize(m * mem + (1 - m) * batch centroid); m in (0, 1). null = the batch's groups only.")
     options: Any = Field(
         default_factory=dict, description="The objective's own options, checked by its Options model (cglib/train/"
-        "objectives): loss re: data, epochs, batch_size, lr, w_mean, w_minimax, w_reg; loss mcc: weight, hidden; "
-        "your own objective: what its Options declares. `cglib params` lists each built-in objective's.")
+        "objectives): the group losses (pairwise, centroid, memory_centroid): tau_inner, alpha (null = train's), "
+        "alpha_on, pairwise's normalize_products, centroid's memory_momentum; loss re: data, epochs, batch_size, "
+        "lr, w_mean, w_minimax, w_reg, released; loss mcc: weight, hidden; your own objective: what its Options "
+        "declares. `cglib params` lists each built-in objective's.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Run-entry keys that became options of one objective: the error names where each went."""
+        moved = [key for key in (data if isinstance(data, dict) else {}) if key in MOVED_RUN_KEYS]
+        if moved:
+            name = data.get("name", "?")
+            raise ValueError(f"run {name!r}: these keys are now options of its objective: "
+                             + "; ".join(f"{key} -> options.{key} ({MOVED_RUN_KEYS[key]})" for key in moved)
+                             + " (see `cglib params`)")
+        return data
 
     @field_validator("loss")
     @classmethod
@@ -771,10 +779,11 @@ class Params(Section):
         if entry.groups != "magic":
             raise ValueError(f"search.run {name!r} trains on groups: {entry.groups}, but the search's validation "
                              "split is carved from MAGIC's groups; tune a groups: magic run")
-        for key in ("tau", "alpha"):
-            if getattr(entry, key) is not None and getattr(self.search.space, key) is not None:
+        for key, where in (("tau", "tau"), ("alpha", "options.alpha")):
+            own = getattr(entry, key, None) if key == "tau" else getattr(entry.options, key, None)
+            if own is not None and getattr(self.search.space, key) is not None:
                 raise ValueError(f"train.runs entry {name!r} overrides {key}, so a tuned train.{key} would not "
-                                 f"reach it; remove its {key} or set search.space.{key}: null")
+                                 f"reach it; remove its {where} or set search.space.{key}: null")
 
     def search_run(self) -> str:
         """The train.runs entry the search tunes: search.run, else the first entry with an image-text loss."""
@@ -883,9 +892,10 @@ def resolve_paths(params: Params, root: Path) -> Params:
         name = model["name"]
         if model["source"] == "hf" and not Path(name).is_absolute() and (root / name).is_dir():
             model["name"] = str(root / name)  # a local CLIP directory relative to the repo root
-    for run in data["train"]["runs"]:
-        if run["released"] is not None and not Path(run["released"]).is_absolute():
-            run["released"] = root / run["released"]
+    for run in data["train"]["runs"]:  # an objective's file options (re's released weights)
+        for key, value in run["options"].items():
+            if isinstance(value, Path) and not value.is_absolute():
+                run["options"][key] = root / value
     source = data["magic"]["source"]
     if source != "build" and not Path(source).is_absolute() and (root / source).is_dir():
         data["magic"]["source"] = str(root / source)  # an export folder relative to the repo root
@@ -973,11 +983,16 @@ def schema_table() -> list[dict[str, str]]:
                 walk(TrainRunParams, key + "[].")
                 from cglib.train.objectives import OBJECTIVES  # the objectives' own options (lazy: torch)
 
+                options: dict[tuple, list[str]] = {}  # an option several objectives share is one row
                 for loss, objective in OBJECTIVES.items():
                     for sub, f in objective.Options.model_fields.items():
-                        default = json.dumps(_jsonable(f.get_default(call_default_factory=True)))
-                        rows.append({"key": f"{key}[].options.{sub}", "type": _type_name(f.annotation),
-                                     "default": default, "meaning": f"loss: {loss}: {f.description or ''}"})
+                        default = "(required)" if f.is_required() else json.dumps(
+                            _jsonable(f.get_default(call_default_factory=True)))
+                        options.setdefault((sub, _type_name(f.annotation), default, f.description or ""),
+                                           []).append(loss)
+                for (sub, kind, default, meaning), losses in options.items():
+                    rows.append({"key": f"{key}[].options.{sub}", "type": kind, "default": default,
+                                 "meaning": f"loss: {', '.join(losses)}: {meaning}"})
             if name == "zoo":
                 for sub, f in ZooModelParams.model_fields.items():
                     rows.append({"key": f"{key}[].{sub}", "type": "model section" if sub == "model" else "str",

@@ -216,6 +216,6 @@ def test_related_methods_of_a_run_entry():
 
     assert related_methods(TrainRunParams(name="c", loss="centroid")) == []
     assert related_methods(TrainRunParams(name="r", loss="re")) == []
-    assert len(related_methods(TrainRunParams(name="m", loss="centroid", memory_momentum=0.9))) == 1
+    assert len(related_methods(TrainRunParams(name="m", loss="centroid", options={"memory_momentum": 0.9}))) == 1
     both = related_methods(TrainRunParams(name="n", loss="mcc", groups="ngram", text_source="original"))
     assert [m.split(" (")[0] for m in both] == ["concept-conditioned image contrast, MCC", "n-gram concept groups"]

@@ -43,9 +43,11 @@ def test_every_built_in_objective_describes_itself():
     assert list(OBJECTIVES)[:4] == ["clip", "pairwise", "centroid", "re"]
     for name, cls in OBJECTIVES.items():
         assert issubclass(cls, Objective) and cls.name == name and cls.label and cls.family in FAMILIES
-        assert TrainRunParams(name="r", loss=name, **({"memory_momentum": 0.5} if name == "memory_centroid" else {}))
+        assert TrainRunParams(name="r", loss=name,
+                              options={"memory_momentum": 0.5} if name == "memory_centroid" else {})
     assert [n for n, c in OBJECTIVES.items() if not c.related] == ["clip", "pairwise", "centroid", "re"]
-    assert TrainRunParams(name="r", loss="centroid", memory_momentum=0.9).objective() is OBJECTIVES["memory_centroid"]
+    memory = TrainRunParams(name="r", loss="centroid", options={"memory_momentum": 0.9})
+    assert memory.objective() is OBJECTIVES["memory_centroid"] and memory.options.memory_momentum == 0.9
 
 
 @pytest.mark.parametrize(("loss", "message"), [
@@ -63,13 +65,39 @@ def test_a_bad_loss_is_a_params_error_naming_the_fix(plugin_path, loss, message)
 
 
 def test_an_option_of_another_objective_is_refused():
-    """memory_momentum belongs to the centroid objectives and released to re: on another loss, an error names
-    which objectives read it."""
-    with pytest.raises(ValidationError, match="memory_momentum is not an option of loss: clip.*centroid / "
-                                              "memory_centroid"):
-        TrainRunParams(name="r", loss="clip", memory_momentum=0.5)
-    with pytest.raises(ValidationError, match="released is not an option of loss: pairwise.*loss: re"):
-        TrainRunParams(name="r", loss="pairwise", released="x.bin")
+    """memory_momentum belongs to the centroid objectives and released to re: on another loss, the error names
+    the option and the options that loss takes."""
+    with pytest.raises(ValidationError, match=r"run 'r' \(loss: clip\): options.memory_momentum: Extra inputs are "
+                                              r"not permitted \(its options: none\)"):
+        TrainRunParams(name="r", loss="clip", options={"memory_momentum": 0.5})
+    with pytest.raises(ValidationError, match=r"options.released: Extra inputs.*its options: tau_inner, alpha, "
+                                              "alpha_on, normalize_products"):
+        TrainRunParams(name="r", loss="pairwise", options={"released": "x.bin"})
+
+
+def test_an_entry_key_that_became_an_option_names_its_new_place():
+    """Keys that concern one objective left the run entry for its options: an older params file is told where."""
+    with pytest.raises(ValidationError, match=r"run 'p': these keys are now options of its objective: alpha_on -> "
+                                              r"options.alpha_on \(pairwise, centroid, memory_centroid\); "
+                                              r"memory_momentum -> options.memory_momentum"):
+        TrainRunParams(name="p", loss="pairwise", alpha_on="outer", memory_momentum=0.9)
+
+
+def test_group_options_default_to_the_train_section(tmp_path):
+    """A group loss's tau_inner and alpha left null are train's in the run's spec (so tuning train.alpha retrains
+    it), an entry's own value wins, and clip's spec holds no group option at all."""
+    run = make_run(tmp_path, runs=[{"name": "c", "loss": "clip"}, {"name": "p", "loss": "pairwise"},
+                                   {"name": "q", "loss": "centroid", "options": {"alpha": 0.25, "alpha_on": "outer"}}])
+    clip, pairwise, centroid = (run_spec(run.params, e)["run"] for e in run.params.train.runs)
+    t = run.params.train
+    assert "options" not in clip
+    assert pairwise["options"] == {"tau_inner": t.tau_inner, "alpha": t.alpha, "alpha_on": "inner",
+                                   "normalize_products": False}
+    assert centroid["options"]["alpha"] == 0.25 and centroid["options"]["alpha_on"] == "outer"
+    built = build_objective(run.params, run.params.train.runs[2], centroid)
+    assert (built.tau_inner, built.alpha, built.alpha_on) == (t.tau_inner, 0.25, "outer")
+    with pytest.raises(ValueError, match="needs options tau_inner and alpha"):
+        OBJECTIVES["pairwise"]({"tau": 0.1})
 
 
 def test_your_own_objective_trains_resumes_exactly_and_is_reported(tmp_path, plugin_path):
@@ -104,8 +132,8 @@ def one_step_each(run_dir: Path, info: DistInfo) -> dict:
     loss, the model's parameters and the objective's own state (mcc's head, the memory's rows)."""
     results = {}
     for loss in IMAGE_TEXT:
-        extra = {"memory_momentum": 0.5} if loss == "memory_centroid" else {}
-        run = make_run(run_dir, runs=[{"name": "r", "loss": loss, **extra}])
+        options = {"memory_momentum": 0.5} if loss == "memory_centroid" else {}
+        run = make_run(run_dir, runs=[{"name": "r", "loss": loss, "options": options}])
         entry = run.params.train.runs[0]
         bundle = build_model(run.params.model)
         load_weights(bundle.model, run_dir / "training" / "initial.safetensors")

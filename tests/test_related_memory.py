@@ -139,10 +139,11 @@ def test_group_centroids_are_normalized_means() -> None:
     assert abs(out[0] - want).max() < 1e-6
 
 
-@pytest.mark.parametrize(("loss", "momentum", "match"), [("clip", 0.9, "loss: centroid"), ("centroid", 1.0, "between"),
-                                                          ("centroid", 0.0, "between")])
-def test_memory_momentum_is_validated(loss: str, momentum: float, match: str) -> None:
-    """memory_momentum is an option of the centroid loss, strictly inside (0, 1)."""
+@pytest.mark.parametrize(("loss", "momentum", "match"), [
+    ("clip", 0.9, "options.memory_momentum: Extra inputs"), ("centroid", 1.0, "less than 1"),
+    ("centroid", 0.0, "greater than 0"), ("memory_centroid", None, "options.memory_momentum: Field required")])
+def test_memory_momentum_is_validated(loss: str, momentum: float | None, match: str) -> None:
+    """memory_momentum is an option of the centroid losses, strictly inside (0, 1), and memory_centroid needs it."""
     with pytest.raises(ValueError, match=match):
-        TrainRunParams(name="x", loss=loss, memory_momentum=momentum)
-    assert TrainRunParams(name="x", loss="centroid", memory_momentum=0.9).memory_momentum == 0.9
+        TrainRunParams(name="x", loss=loss, options={} if momentum is None else {"memory_momentum": momentum})
+    assert TrainRunParams(name="x", loss="centroid", options={"memory_momentum": 0.9}).options.memory_momentum == 0.9

@@ -1,4 +1,4 @@
-"""Training with a concept memory (train.runs[i].memory_momentum) on tiny_magic: it trains, saves, resumes exactly."""
+"""Training with a concept memory (train.runs[i].options.memory_momentum) on tiny_magic: it trains, saves, resumes exactly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from cglib.train import train_one
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.inputs import run_spec
 
-SETTINGS = {"grad_accum": 2, "runs": [{"name": "mem", "loss": "centroid", "memory_momentum": 0.5}]}
+SETTINGS = {"grad_accum": 2, "runs": [{"name": "mem", "loss": "centroid", "options": {"memory_momentum": 0.5}}]}
 
 
 def test_memory_run_trains_and_resumes_bit_exact(tmp_path):
@@ -44,9 +44,9 @@ def test_memory_changes_the_spec_and_the_training(tmp_path):
     """memory_momentum enters the run's spec only when set (older specs unchanged), and a memory run's losses
     differ from the plain centroid run's (it contrasts against all groups)."""
     plain = make_run(tmp_path / "plain", runs=[{"name": "c", "loss": "centroid"}])
-    assert "memory_momentum" not in run_spec(plain.params, plain.params.train.runs[0])["run"]
-    mem = make_run(tmp_path / "mem", runs=[{"name": "c", "loss": "centroid", "memory_momentum": 0.9}])
-    assert run_spec(mem.params, mem.params.train.runs[0])["run"]["memory_momentum"] == 0.9
+    assert run_spec(plain.params, plain.params.train.runs[0])["run"]["options"]["memory_momentum"] is None
+    mem = make_run(tmp_path / "mem", runs=[{"name": "c", "loss": "centroid", "options": {"memory_momentum": 0.9}}])
+    assert run_spec(mem.params, mem.params.train.runs[0])["run"]["options"]["memory_momentum"] == 0.9
     train_one(plain, "c", progress=False)
     train_one(mem, "c", progress=False)
     _, plain_log = _final_and_log(plain, "c")

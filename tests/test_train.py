@@ -21,7 +21,7 @@ from cglib.models import build_model, encode_texts, load_weights
 from cglib.run import RunContext
 from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
-from cglib.train.objectives import OBJECTIVES
+from cglib.train.objectives import objective_with
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
 from cglib.train.sampler import GroupBatchSampler
 from cglib.viz.training_figures import plot_loss_curves
@@ -77,8 +77,7 @@ def test_one_step_lowers_the_loss_on_a_fixed_batch(tmp_path, loss):
     run = make_run(tmp_path)
     bundle, table, item = _fixed_batch(run)
     set_trainable(bundle, image=True, text=False)
-    spec = {"loss": loss, "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner", "normalize_products": False}
-    module = wrap(GroupTask(bundle, OBJECTIVES[loss](spec), table), _single())
+    module = wrap(GroupTask(bundle, objective_with(loss, 0.1, tau_inner=0.1, alpha=0.7), table), _single())
     # Adam's first step moves every weight by about lr: small enough to stay in the descent region
     stepper = Stepper(bundle.model, module, lr=1e-4, weight_decay=0.0, warmup_steps=0, total_steps=10, amp=None,
                       grad_clip=1.0, device=torch.device("cpu"))
@@ -102,9 +101,7 @@ def test_amp_bf16_step_runs_on_cpu(tmp_path):
     run = make_run(tmp_path)
     bundle, table, item = _fixed_batch(run)
     set_trainable(bundle, image=True, text=False)
-    spec = {"loss": "pairwise", "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner",
-            "normalize_products": False}
-    module = GroupTask(bundle, OBJECTIVES["pairwise"](spec), table)
+    module = GroupTask(bundle, objective_with("pairwise", 0.1, tau_inner=0.1, alpha=0.7), table)
     dtype = amp_dtype("bf16", torch.device("cpu"))
     assert dtype is torch.bfloat16
     stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=10, amp=dtype,

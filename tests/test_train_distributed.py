@@ -26,7 +26,7 @@ from cglib.models import build_model, encode_texts, load_weights
 from cglib.run import RunContext
 from cglib.train import ensure_initial, train_one
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
-from cglib.train.objectives import OBJECTIVES
+from cglib.train.objectives import objective_with
 from cglib.train.sampler import GroupBatchSampler
 
 CASES = [("pairwise", False), ("centroid", True), ("clip", True)]  # (loss, freeze_text)
@@ -45,8 +45,7 @@ def one_step(run_dir: Path, info: DistInfo, loss: str, freeze_text: bool) -> dic
     if freeze_text:
         texts = sampler.all_texts()
         rows, table = {t: k for k, t in enumerate(texts)}, torch.from_numpy(encode_texts(bundle, texts))
-    spec = {"loss": loss, "tau": 0.1, "tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner", "normalize_products": False}
-    module = wrap(GroupTask(bundle, OBJECTIVES[loss](spec), table), info)
+    module = wrap(GroupTask(bundle, objective_with(loss, 0.1, tau_inner=0.1, alpha=0.7), table), info)
     stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
                       grad_clip=1.0, device=torch.device("cpu"))
     item = GroupBatchData(sampler, inputs.cache, 0, 0, info, rows, bundle.tokenizer)[0]

@@ -1,4 +1,4 @@
-"""HierarCaps' released weights as the Table 3 HierarCaps row (`train.runs[i].released`): a transformers CLIPModel
+"""HierarCaps' released weights as the Table 3 HierarCaps row (`train.runs[i].options.released`): a transformers CLIPModel
 state dict converted to open_clip's text tower, used when the file is present, the row trained here otherwise."""
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def make_run(directory, released_path) -> RunContext:
     params = Params.model_validate({
         "run": {"name": "t", "device": "cpu", "threads": 1}, "model": TINY_MODEL,
         "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "epoch": "groups",
-                  "runs": [{"name": "hierarcaps", "loss": "re", "released": str(released_path),
-                            "options": {"lr": 1e-3}}]}})
+                  "runs": [{"name": "hierarcaps", "loss": "re",
+                            "options": {"lr": 1e-3, "released": str(released_path)}}]}})
     return RunContext(params=params, dir=directory)
 
 
@@ -91,7 +91,7 @@ def test_present_released_weights_are_the_row(released, tmp_path):
                                    atol=1e-5, rtol=1e-5)
     note = [n for n in table3_notes(_info([{"name": "hierarcaps", "objective": "re", "weights": "released"}]))
             if n.startswith("hierarcaps:")]
-    assert note == ["hierarcaps: HierarCaps' RE alignment, the authors' released weights (train.runs released)."]
+    assert note == ["hierarcaps: HierarCaps' RE alignment, the authors' released weights (options.released)."]
 
 
 def test_absent_released_weights_train_the_row_here(tmp_path):
@@ -104,8 +104,8 @@ def test_absent_released_weights_train_the_row_here(tmp_path):
 
 
 def test_released_is_for_re_rows_only():
-    with pytest.raises(ValueError, match=r"released is not an option of loss: clip \(it is one of loss: re\)"):
-        TrainRunParams(name="clip", loss="clip", released="w.pt")
+    with pytest.raises(ValueError, match=r"options.released: Extra inputs are not permitted \(its options: none\)"):
+        TrainRunParams(name="clip", loss="clip", options={"released": "w.pt"})
 
 
 def _info(models: list[dict]) -> dict:

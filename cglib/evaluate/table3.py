@@ -233,7 +233,7 @@ def table3_notes(info: dict) -> list[str]:
     for m in info["models"]:  # the HierarCaps rows (a text objective: RE) say whose weights they are
         if objective_family(m) == "text":
             notes.append(f"{m['name']}: HierarCaps' RE alignment, "
-                         + ("the authors' released weights (train.runs released)." if m.get("weights") == "released"
+                         + ("the authors' released weights (options.released)." if m.get("weights") == "released"
                             else "trained here (no released weights given or present)."))
     zoo = [m for m in info["models"] if m.get("zoo")]
     if zoo:

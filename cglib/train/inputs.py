@@ -13,6 +13,7 @@ from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.distributed import DistInfo
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.run import RunContext
+from cglib.train.released import released_file
 
 
 @dataclass
@@ -94,35 +95,38 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 
 # Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
 # weights of earlier runs) unchanged.
-RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "released": None, "text_source": None, "memory_momentum": None,
-                                   "groups": "magic", "options": {}}
+RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "text_source": None, "groups": "magic", "options": {}}
 
 
 def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
-    """Everything that determines a run's result: the run entry with its effective tau/alpha, train, model, seed.
+    """Everything that determines a run's result: the run entry with its effective tau and options, train, model,
+    seed.
 
-    An objective's own options (`train.runs[i].options`) are part of its entry, and the files it reads
+    An objective's own options (`train.runs[i].options`, with what they leave unset filled from the params by
+    `Objective.resolve_options`, e.g. a group loss's alpha from train.alpha) are part of its entry; the files it reads
     (`Objective.input_files`, e.g. re's HierarCaps train hierarchies) enter by content; a run with `init` carries
     its starting run's spec, so retraining that run retrains this one. Run keys at their default leave the spec
     (RUN_KEY_DEFAULTS): trained runs stay valid when a key is added. `train.seeds` is not in
     the spec (adding a seed does not retrain the others); training seed k > 0 is (`training_seed`).
     """
     t = params.train
+    objective = entry.objective()
     spec = entry.model_dump(mode="json")
+    spec["options"] = objective.resolve_options(entry.options, params).model_dump(mode="json")
     for key, default in RUN_KEY_DEFAULTS.items():
         if spec[key] == default:
             del spec[key]
-    spec.update(tau=entry.tau or t.tau, tau_inner=entry.tau_inner or t.tau_inner,
-                alpha=t.alpha if entry.alpha is None else entry.alpha)
+    spec["tau"] = entry.tau or t.tau
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
     train = t.model_dump(mode="json", exclude=exclude)
     out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
-    files = entry.objective().input_files(params, entry)
+    files = objective.input_files(params, entry)
     if files:  # a file's content is part of the result (a changed HierarCaps train file retrains the row)
         out["input_files"] = {key: file_digest(path, "sha1") if path and path.is_file() else None
                               for key, path in files}
-    if entry.released is not None:  # the file appearing (or changing) replaces the trained row
-        out["released_file"] = file_digest(entry.released, "sha1") if entry.released.is_file() else None
+    released = released_file(entry)
+    if released is not None:  # the file appearing (or changing) replaces the trained row
+        out["released_file"] = file_digest(released, "sha1") if released.is_file() else None
     if training_seed:
         out["training_seed"] = training_seed
     if entry.init is not None:

@@ -97,7 +97,7 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         # what the objective reports of its run, e.g. clip_hn's hard negatives per epoch (pairs without a keyword
         # to permute have none), a memory's size, mcc's concept head
         "hard_negatives": None, **(objective.describe() or {}),
-        # the HierarCaps row: the authors' released weights when present (train.runs[i].released), else trained here
+        # the HierarCaps row: the authors' released weights when present (train.runs[i].options.released), else trained here
         "weights_source": trainer.weights_source,
         "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
         # train.seeds: which training seed, and the seed it gave initialization and batch order

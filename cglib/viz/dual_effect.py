@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from cglib.losses import centroid_group_loss, clip_loss, pairwise_group_loss
-from cglib.train.objectives import OBJECTIVES, GroupFeatures
+from cglib.train.objectives import OBJECTIVES, GroupFeatures, objective_with
 
 # the paper's image-text objectives (no related method, no text-only one), in the registry's order
 LOSS_NAMES = tuple(name for name, cls in OBJECTIVES.items() if cls.phase == "train" and not cls.related)
@@ -56,8 +56,8 @@ def _loss_fn(loss: str, tau: float, tau_inner: float, alpha: float, alpha_on: st
     """The objective `loss` of the registry as a function of (image, text) points."""
     if loss not in LOSS_NAMES:
         raise ValueError(f"loss must be one of {LOSS_NAMES}, got {loss!r}")
-    objective = OBJECTIVES[loss]({"tau": tau, "tau_inner": tau_inner, "alpha": alpha, "alpha_on": alpha_on,
-                                  "normalize_products": normalize_products})
+    objective = objective_with(loss, tau, tau_inner=tau_inner, alpha=alpha, alpha_on=alpha_on,
+                               normalize_products=normalize_products)
     return lambda image, text: objective(GroupFeatures(image, text))["loss"]
 
 

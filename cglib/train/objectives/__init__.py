@@ -2,6 +2,7 @@
 
     from cglib.train.objectives import build_objective, objective_class
     objective = build_objective(params, entry, spec)      # what train.runs[i].loss names, ready to set up
+    objective = objective_with("centroid", tau=0.1, tau_inner=0.1, alpha=0.7)   # outside a run (figures, notebooks)
 
 `train.runs[i].loss` is a built-in name (`OBJECTIVES` below) or `package.module:ClassName`, a subclass of
 `Objective` defined anywhere importable (see base.py for the contract and a ten-line example). The training
@@ -27,7 +28,7 @@ from cglib.train.objectives.text_alignment import TextAlignment
 
 __all__ = ["FAMILIES", "MCC", "OBJECTIVES", "Centroid", "Clip", "ClipHardNegatives", "GroupFeatures",
            "MemoryCentroid", "Objective", "Pairwise", "RadialEmbedding", "Setup", "TextAlignment", "build_objective",
-           "objective_class", "objective_for"]
+           "objective_class", "objective_for", "objective_with"]
 
 # the built-in objectives, by the name a run entry's `loss` gives (the paper's rows first, then related methods)
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (
@@ -51,10 +52,17 @@ def objective_class(loss: str) -> type[Objective]:
 
 
 def objective_for(entry: Any) -> type[Objective]:
-    """The objective class of a run entry (a centroid run with memory_momentum is the memory variant)."""
+    """The objective class of a run entry (a centroid run with options.memory_momentum is the memory variant)."""
     return objective_class(entry.loss).for_entry(entry)
 
 
 def build_objective(params: Any, entry: Any, spec: dict[str, Any]) -> Objective:
     """The run entry's objective, built from its spec (`run_spec(...)["run"]`) and the params."""
     return objective_for(entry)(spec, params)
+
+
+def objective_with(loss: str, tau: float, **settings: Any) -> Objective:
+    """An objective outside a run (figures, benchmarks, notebooks) from shared settings: each objective takes the
+    settings its Options declare (a group loss tau_inner, alpha, alpha_on; clip none of them)."""
+    cls = objective_class(loss)
+    return cls({"tau": tau, "options": {k: v for k, v in settings.items() if k in cls.Options.model_fields}})

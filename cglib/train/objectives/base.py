@@ -38,12 +38,17 @@ if TYPE_CHECKING:
 
     from cglib.config import Params, TrainRunParams
 
-FAMILIES = ("clip", "group", "text")
-OPTIONAL_RUN_KEYS = ("memory_momentum", "released")  # run-entry keys that only some objectives read  # what Table 3's gain rows compare: CLIP-style pairs, grouped losses, text-only
+FAMILIES = ("clip", "group", "text")  # what Table 3's gain rows compare: CLIP-style pairs, grouped losses, text-only
 
 
 class NoOptions(Section):
     """The options of an objective that takes none (a run entry's `options` must then be empty)."""
+
+
+def entry_option(entry: TrainRunParams, key: str) -> Any:
+    """A run entry's option `key` (None when unset), before or after its options were validated."""
+    options = entry.options
+    return options.get(key) if isinstance(options, dict) else getattr(options, key, None)
 
 
 @dataclass
@@ -100,12 +105,11 @@ class Objective(nn.Module):
     min_groups: ClassVar[int] = 1  # groups per batch (train.groups_per_batch) it needs to contrast anything
     min_pairs: ClassVar[int] = 1  # pairs per group (train.pairs_per_group) it needs
     Options: ClassVar[type[Section]] = NoOptions  # its run entries' `options` (validated with the params)
-    run_keys: ClassVar[tuple[str, ...]] = ()  # optional run-entry keys (OPTIONAL_RUN_KEYS) it reads
     distributed_refusal: ClassVar[str | None] = None  # why it cannot run under torchrun (None: it can)
 
     def __init__(self, spec: dict[str, Any], params: Params | None = None) -> None:
-        """`spec`: the run entry with its effective tau, tau_inner and alpha (`run_spec(...)["run"]`); its
-        `options` (absent: the defaults) are validated again by `Options`. `params`, the whole params file, is
+        """`spec`: the run entry with its effective tau (`run_spec(...)["run"]`); its `options` (absent: the
+        defaults), resolved against the params by `resolve_options`, are validated again by `Options`. `params`, the whole params file, is
         there for a subclass whose construction needs more than its entry (none of the built-in ones)."""
         super().__init__()
         self.spec = dict(spec)
@@ -126,13 +130,12 @@ class Objective(nn.Module):
     @classmethod
     def check_entry(cls, entry: TrainRunParams) -> None:
         """Raise ValueError (naming the fix) for a run entry this objective cannot train (params validation)."""
-        for key in OPTIONAL_RUN_KEYS:
-            if getattr(entry, key) is not None and key not in cls.run_keys:
-                from cglib.train.objectives import OBJECTIVES  # the registry imports this module
 
-                owners = [name for name, other in OBJECTIVES.items() if key in other.run_keys]
-                raise ValueError(f"run {entry.name!r}: {key} is not an option of loss: {entry.loss} (it is one of "
-                                 f"loss: {' / '.join(owners)}); remove it or change the loss")
+    @classmethod
+    def resolve_options(cls, options: Section, params: Params) -> Section:
+        """The entry's options with what they leave unset filled from the params (e.g. a group loss's alpha from
+        train.alpha): what the run's spec holds and the objective is built with."""
+        return options
 
     @classmethod
     def input_files(cls, params: Params, entry: TrainRunParams) -> list[tuple[str, Path | None]]:

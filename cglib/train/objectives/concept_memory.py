@@ -6,7 +6,7 @@ row k = the sampler's k-th group, `GroupBatchSampler.groups` order). `cglib.loss
 contrasts the batch against all G rows (the batch's groups live, the rest constant); after each optimizer step
 the batch's detached centroids move their rows:
 
-    mem[g] <- normalize(m * mem[g] + (1 - m) * batch_centroid[g])          (m = train.runs[i].memory_momentum)
+    mem[g] <- normalize(m * mem[g] + (1 - m) * batch_centroid[g])          (m = train.runs[i].options.memory_momentum)
 
 Initialization (`initial_memory`): before the image-text phase the model (eval mode, no gradient, no RNG drawn)
 encodes each training group's images and the texts of its training pairs once; a row is the normalized mean of

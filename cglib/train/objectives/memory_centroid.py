@@ -1,4 +1,4 @@
-"""`loss: centroid` with `memory_momentum` (or `loss: memory_centroid`): the centroid loss against a momentum
+"""`loss: centroid` with `options.memory_momentum` (or `loss: memory_centroid`): the centroid loss against a momentum
 memory of every training group's centroids (DCCL, Pu et al. CVPR 2023; `cglib.train.objectives.concept_memory`).
 
 The objective owns the memory: built at the phase's starting weights (or restored from the checkpoint, so a
@@ -11,33 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
 from torch import Tensor
 
 from cglib import losses
-from cglib.train.objectives.base import GroupFeatures, Objective, Setup
+from cglib.train.objectives.base import GroupFeatures, Setup
 from cglib.train.objectives.concept_memory import ConceptMemory, initial_memory
+from cglib.train.objectives.group_loss import GroupLossOptions, GroupObjective
 
 
-class MemoryCentroid(Objective):
-    name, label, family = "memory_centroid", "centroid loss with a concept memory (DCCL)", "group"
+class MemoryCentroidOptions(GroupLossOptions):
+    """train.runs[i].options of a memory-centroid run (loss: memory_centroid, or centroid with a momentum)."""
+
+    memory_momentum: float = Field(
+        ..., gt=0.0, lt=1.0, description="m of the memory update mem <- normalize(m * mem + (1 - m) * batch "
+        "centroid), strictly between 0 and 1 (e.g. 0.9).")
+
+
+class MemoryCentroid(GroupObjective):
+    name, label = "memory_centroid", "centroid loss with a concept memory (DCCL)"
     related = "momentum concept memory (DCCL, Pu et al. CVPR 2023)"
-    min_groups = 2
-    run_keys = ("memory_momentum",)
+    Options = MemoryCentroidOptions
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)
-        self.momentum = spec.get("memory_momentum")
+        self.momentum = self.options.memory_momentum
         self.memory: ConceptMemory | None = None
-
-    @classmethod
-    def check_entry(cls, entry: Any) -> None:
-        super().check_entry(entry)
-        m = entry.memory_momentum
-        if m is None:
-            raise ValueError(f"run {entry.name!r}: loss {entry.loss} needs memory_momentum (e.g. 0.9)")
-        if not 0.0 < m < 1.0:
-            raise ValueError(f"run {entry.name!r}: memory_momentum must lie strictly between 0 and 1 (e.g. 0.9), "
-                             f"got {m}; null turns the memory off")
 
     def setup(self, setup: Setup) -> None:
         saved = (setup.resumed or {}).get("_extra_state")
@@ -58,10 +57,9 @@ class MemoryCentroid(Objective):
         if self.memory is None or batch.group_index is None:
             raise ValueError("the memory centroid loss needs its memory (Objective.setup) and the batch's "
                              "group_index")
-        s = self.spec
         parts = losses.memory_centroid_loss(batch.image, batch.text, self.memory.image, self.memory.text,
-                                            batch.group_index, s["tau"], s["tau_inner"], s["alpha"],
-                                            alpha_on=s["alpha_on"], return_parts=True, text_ids=batch.text_ids)
+                                            batch.group_index, self.tau, self.tau_inner, self.alpha,
+                                            alpha_on=self.alpha_on, return_parts=True, text_ids=batch.text_ids)
         self.memory.stage(parts.pop("group_index"), parts.pop("centroids"))
         return parts
 

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from torch import Tensor
 
 from cglib import losses
-from cglib.train.objectives.base import GroupFeatures, Objective
+from cglib.train.objectives.base import GroupFeatures
+from cglib.train.objectives.group_loss import GroupLossOptions, GroupObjective
 
 
-class Pairwise(Objective):
-    name, label, family = "pairwise", "pairwise group loss (Eqs. 1-4)", "group"
-    min_groups = 2
+class PairwiseOptions(GroupLossOptions):
+    """train.runs[i].options of a loss: pairwise run."""
+
+    normalize_products: bool = Field(
+        False, description="The authors' inner term (their loss.py): each group's centroid is the normalized mean "
+        "of the normalized combined vectors I_i * T_j, not Eq. 1's mean of the raw ones.")
+
+
+class Pairwise(GroupObjective):
+    name, label = "pairwise", "pairwise group loss (Eqs. 1-4)"
+    Options = PairwiseOptions
 
     def forward(self, batch: GroupFeatures) -> dict[str, Tensor]:
-        s = self.spec
-        return losses.pairwise_group_loss(batch.image, batch.text, s["tau"], s["tau_inner"], s["alpha"],
-                                          alpha_on=s["alpha_on"], normalize_products=s["normalize_products"],
+        return losses.pairwise_group_loss(batch.image, batch.text, self.tau, self.tau_inner, self.alpha,
+                                          alpha_on=self.alpha_on, normalize_products=self.options.normalize_products,
                                           return_parts=True, text_ids=batch.text_ids)

@@ -8,6 +8,7 @@ them with the starting tower's embeddings, which the phase computes once and han
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -32,13 +33,17 @@ class REOptions(Section):
     w_mean: float = Field(1.0, ge=0, description="Weight of the mean term (paper: 1).")
     w_minimax: float = Field(1.0, ge=0, description="Weight of the mini-max term (paper: 1).")
     w_reg: float = Field(10.0, ge=0, description="Weight of the frozen-tower regularizer (paper: 10).")
+    released: Path | None = Field(
+        None, description="A file of the HierarCaps authors' released weights (a transformers CLIPModel state dict "
+        "over openai/clip-vit-base-patch32; relative to the repo root). When it exists the row loads its text tower "
+        "onto the base instead of training (summary weights_source: released); absent, the row is trained here and "
+        "marked so.")
 
 
 class RadialEmbedding(Objective):
     name, label, family = "re", "Radial Embedding alignment (HierarCaps)", "text"
     phase = "re"
     Options = REOptions
-    run_keys = ("released",)
     distributed_refusal = "its text phase trains on one process"
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
