@@ -15,7 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from cglib.config import ParamsError, load_params, schema_table
+import yaml
+from pydantic import ValidationError
+
+from cglib.config import ParamsError, ZooModelParams, _format_error, load_params, schema_table
+from cglib.data.download import NAMED_DOWNLOADS, download_named
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -25,7 +29,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from cglib.pipeline import (
+    from cglib.pipeline import (  # lazy: numpy; keeps cglib --help light
         NotebookFailed,
         default_notebook_dir,
         discover_notebooks,
@@ -60,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_summary(run_dir: Path, file=None) -> int:
     """Print the per-stage summary stored in run.json; returns the number of skipped or failed items."""
-    from cglib.pipeline import run_status, summary_lines
+    from cglib.pipeline import run_status, summary_lines  # lazy: numpy; keeps cglib --help light
 
     file = file or sys.stdout
     manifest = run_status(run_dir)
@@ -76,7 +80,11 @@ STATUS_EXIT = {"ok": 0, "failed": 1, "interrupted": 4, "running": 5}
 
 
 def _status(args: argparse.Namespace) -> int:
-    from cglib.pipeline import run_status, stage_summaries, summary_lines
+    from cglib.pipeline import (  # lazy: numpy; keeps cglib --help light
+        run_status,
+        stage_summaries,
+        summary_lines,
+    )
 
     run_dir = Path(args.run_dir)
     try:
@@ -101,7 +109,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _figures(args: argparse.Namespace) -> int:
-    from cglib.viz.figures import FigureFailures, regenerate_figures
+    from cglib.viz.figures import FigureFailures, regenerate_figures  # lazy: torch; keeps cglib --help light
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "params.yaml").is_file():
@@ -117,7 +125,10 @@ def _figures(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from cglib.report import NotARunDirectory, build_report
+    from cglib.report import (  # lazy: numpy, nbconvert; keeps cglib --help light
+        NotARunDirectory,
+        build_report,
+    )
 
     try:
         report = build_report(Path(args.run_dir), Path(args.out) if args.out else None)
@@ -135,11 +146,7 @@ def _report(args: argparse.Namespace) -> int:
 def parse_model_spec(spec: str, run_model):
     """`--model SPEC`: a YAML/JSON mapping like an eval.zoo entry's `model` ('{name: ViT-B-32, pretrained: openai}')
     or a checkpoint path (loaded into the run's own architecture). ValueError with the fix otherwise."""
-    import yaml
-    from pydantic import ValidationError
-
-    from cglib.config import ZooModelParams, _format_error
-    from cglib.models import architecture_params
+    from cglib.models import architecture_params  # lazy: torch; keeps cglib --help light
 
     try:
         raw = yaml.safe_load(spec)
@@ -160,12 +167,17 @@ def parse_model_spec(spec: str, run_model):
 
 
 def _evaluate_model(args: argparse.Namespace) -> int:
-    from cglib.evaluate.loading import ModelLoadError
-    from cglib.evaluate.pipeline import evaluate_model
-    from cglib.evaluate.report import markdown_table
-    from cglib.evaluate.table3 import table3_display
-    from cglib.run import RunContext, seed_everything, set_threads, training_dir
-    from cglib.train.checkpoint import INITIAL
+    from cglib.evaluate.loading import ModelLoadError  # lazy: torch; keeps cglib --help light
+    from cglib.evaluate.pipeline import evaluate_model  # lazy: torch; keeps cglib --help light
+    from cglib.evaluate.report import markdown_table  # lazy: torch; keeps cglib --help light
+    from cglib.evaluate.table3 import table3_display  # lazy: torch; keeps cglib --help light
+    from cglib.run import (  # lazy: numpy; keeps cglib --help light
+        RunContext,
+        seed_everything,
+        set_threads,
+        training_dir,
+    )
+    from cglib.train.checkpoint import INITIAL  # lazy: torch; keeps cglib --help light
 
     params = load_params(args.params, check_paths=False)
     run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
@@ -199,8 +211,12 @@ def _evaluate_model(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from cglib.run import RunContext, seed_everything, set_threads
-    from cglib.search.study import run_search, shown_url, storage_url
+    from cglib.run import RunContext, seed_everything, set_threads  # lazy: numpy; keeps cglib --help light
+    from cglib.search.study import (  # lazy: optuna; keeps cglib --help light
+        run_search,
+        shown_url,
+        storage_url,
+    )
 
     params = load_params(args.params, check_paths=not args.no_check_paths)
     run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
@@ -225,7 +241,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _export_magic(args: argparse.Namespace) -> int:
-    from cglib.magic.hf_export import card_head, export_magic
+    from cglib.magic.hf_export import card_head, export_magic  # lazy: faiss, pandas; keeps cglib --help light
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "params.yaml").is_file():
@@ -242,8 +258,6 @@ def _export_magic(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from cglib.data.download import download_named
-
     paths = download_named(args.name, Path(args.dest))
     for path in paths:
         print(path)
@@ -251,7 +265,7 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _synthetic_coco(args: argparse.Namespace) -> int:
-    from cglib.data.coco_export import write_synthetic_coco
+    from cglib.data.coco_export import write_synthetic_coco  # lazy: numpy, PIL; keeps cglib --help light
 
     try:
         out = write_synthetic_coco(Path(args.dest), images_per_concept=args.images_per_concept, seed=args.seed,
@@ -346,8 +360,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run folder with magic/magic.json (notebook 03 has run)")
     p.add_argument("dest", help="the export folder (new or an earlier export)")
     p.set_defaults(func=_export_magic)
-
-    from cglib.data.download import NAMED_DOWNLOADS
 
     p = sub.add_parser("download", help="download public data (needs the internet): "
                        + "; ".join(f"{k}: {v.description}" for k, v in NAMED_DOWNLOADS.items()))

@@ -24,6 +24,7 @@ points `tqdm.auto` and `tqdm.autonotebook` at the text bar in a headless kernel,
 from __future__ import annotations
 
 import base64
+import html
 import io
 import os
 import sys
@@ -65,12 +66,12 @@ def tqdm(*args: Any, **kwargs: Any) -> Any:
     """A progress bar: `tqdm.auto` (widget bars) in a live session; headless, a plain text bar that is left
     showing its final count (`leave=True`) and redraws at most every 2 s."""
     if headless():
-        from tqdm.std import tqdm as text_tqdm
+        from tqdm.std import tqdm as text_tqdm  # lazy: tqdm (~30 ms); cglib --help imports this module
 
         kwargs["leave"] = True
         kwargs.setdefault("mininterval", HEADLESS_MININTERVAL_S)
         return text_tqdm(*args, **kwargs)
-    from tqdm.auto import tqdm as auto_tqdm
+    from tqdm.auto import tqdm as auto_tqdm  # lazy: tqdm.auto (~50 ms); cglib --help imports this module
 
     return auto_tqdm(*args, **kwargs)
 
@@ -91,12 +92,13 @@ def text_bars_if_headless() -> bool:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-    import tqdm.auto
-    import tqdm.autonotebook
-    import tqdm.std
+    import tqdm.auto  # lazy: tqdm.auto (~50 ms); cglib --help imports this module
+    import tqdm.autonotebook  # lazy: tqdm (~50 ms); cglib --help imports this module
+    from tqdm.std import tqdm as text_tqdm  # lazy: tqdm (~30 ms); cglib --help imports this module
+    from tqdm.std import trange as text_trange  # lazy: tqdm (~30 ms); cglib --help imports this module
 
     for module in (tqdm.auto, tqdm.autonotebook):
-        module.tqdm, module.trange = tqdm.std.tqdm, tqdm.std.trange
+        module.tqdm, module.trange = text_tqdm, text_trange
     return True
 
 
@@ -109,8 +111,6 @@ def figure_png(fig: Any, dpi: int = 90) -> bytes:
 
 def png_img_tag(png: bytes, alt: str) -> str:
     """An <img> tag with the PNG inlined, so the HTML reads without any file beside it."""
-    import html
-
     return (f'<img alt="{html.escape(alt)}" style="max-width:100%" '
             f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"/>')
 

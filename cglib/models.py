@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from cglib import hf_clip
 from cglib.config import ModelParams
 from cglib.embed import MINILM_DIM, minilm_path
 
@@ -294,8 +295,6 @@ def build_hf_model(params: ModelParams, device: str | torch.device = "cpu") -> C
     The weights of `model.name` (none with `pretrained_weights: false`: its config.json alone), then
     `model.hf_state_dict` on top, then `model.checkpoint` (a project weights file of the adapter).
     """
-    from cglib import hf_clip
-
     clip = hf_clip.load_clip(params.name, weights=params.pretrained_weights)
     if params.hf_state_dict is not None:
         hf_clip.apply_state_dict(clip, params.hf_state_dict)

@@ -37,6 +37,7 @@ import yaml
 
 from cglib.config import Params
 from cglib.frontend import HEADLESS_ENV
+from cglib.llm.base import redact
 from cglib.run import REPO_ROOT, provenance, runner_gone, runner_identity, write_json
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
@@ -125,8 +126,6 @@ def _failure_summary(exc: Exception) -> str:
     The line goes to the terminal and run.json, so a key that any library put into an exception message
     (not only the LLM layer's, which redacts its own) is removed here too.
     """
-    from cglib.llm.base import redact
-
     cell = getattr(exc, "exec_count", None)
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = getattr(exc, "evalue", str(exc))

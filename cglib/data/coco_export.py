@@ -21,6 +21,7 @@ from PIL import Image
 
 from cglib.data.dataset import CaptionDataset
 from cglib.data.hierarcaps import LEVEL_SEPARATOR, N_LEVELS
+from cglib.data.synthetic import make_world
 
 ImageFormat = Literal["png", "jpg"]
 CAPTIONS_FILE = "captions_synthetic.json"
@@ -144,8 +145,6 @@ def write_synthetic_coco(dest: str | Path, images_per_concept: int = 6, seed: in
     Layout: `dest/annotations/captions_synthetic.json`, `dest/images/`, `dest/hierarcaps/hierarcaps_test.csv`,
     `dest/hierarcaps/test_imgs/`. `hierarcaps_per_concept: 0` writes no HierarCaps files.
     """
-    from cglib.data.synthetic import make_world
-
     dest = Path(dest)
     world = make_world(images_per_concept=images_per_concept, seed=seed, image_size=image_size,
                        captions_per_image=captions_per_image)

@@ -174,7 +174,7 @@ def extract_zip(archive: str | Path, dest_dir: str | Path, progress: bool = True
 def download_hierarcaps_images(csv_path: str | Path, dest_dir: str | Path, workers: int = 8,
                                progress: bool = True, retries: int = 3, backoff_s: float = 1.0) -> Path:
     """Fetch every `image_url` of a HierarCaps CSV into `dest_dir` (files already there are kept)."""
-    from cglib.data.hierarcaps import read_csv_rows  # the CSV reader with its column checks
+    from cglib.data.hierarcaps import read_csv_rows  # lazy: numpy, PIL; cglib --help imports this module
 
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)

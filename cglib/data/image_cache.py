@@ -144,7 +144,7 @@ def build_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progr
         kept = list(dataset.image_ids)
         bar.update(len(dataset))
     else:
-        from cglib.models import images_to_pixels
+        from cglib.models import images_to_pixels  # lazy: torch; cglib.data imports without it
 
         def load(image_id: str) -> np.ndarray | ImageLoadError:
             try:
@@ -186,7 +186,7 @@ def image_cache_dir(run: RunContext) -> Path:
 def magic_image_cache(run: RunContext, magic: MagicFile, dataset: CaptionDataset, size: int,
                       progress: bool = True, info: DistInfo | None = None) -> ImageCache:
     """The image cache of the MAGIC images (both splits) at `size`; built by rank 0, opened by the others."""
-    from cglib import distributed  # torch: imported only when a MAGIC cache is asked for
+    from cglib import distributed  # lazy: torch, imported only when a MAGIC cache is asked for
 
     known = set(dataset.image_ids)
     missing = [i for i in magic.images if i not in known]

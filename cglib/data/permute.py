@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -182,8 +183,8 @@ def pairs(couples: list[list[str]] | list[tuple[str, str]]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- the worlds
 def synthetic_permuter() -> KeywordPermuter:
     """Relations of the synthetic world, read from its renderer and caption writer (cglib.data.synthetic)."""
-    from cglib.data.render import COLOURS, OBJECTS, SETTINGS
-    from cglib.data.synthetic import _COLOUR_WORDS, _UNITS, _plural
+    from cglib.data.render import COLOURS, OBJECTS, SETTINGS  # lazy: matplotlib; validate path
+    from cglib.data.synthetic import _COLOUR_WORDS, _UNITS, _plural  # lazy: matplotlib; validate path
 
     colours = [_COLOUR_WORDS.get(c, c) for c in sorted(COLOURS)]  # as captions write them: "navy blue"
     objects = sorted(OBJECTS)
@@ -206,8 +207,6 @@ def load_relations(path: Any = None) -> dict[str, Any]:
     if path is None:
         text = resources.files("cglib.data").joinpath(KEYWORD_FILE).read_text(encoding="utf-8")
     else:
-        from pathlib import Path
-
         text = Path(path).read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or "kinds" not in data:

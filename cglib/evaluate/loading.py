@@ -11,8 +11,10 @@ from pathlib import Path
 
 from cglib.config import ZERO_SHOT_NAME, ModelParams
 from cglib.evaluate.embeddings import file_fingerprints, tower_fingerprints
-from cglib.models import ClipModel
+from cglib.models import ClipModel, build_model
 from cglib.run import RunContext, training_dir
+from cglib.train import load_trained
+from cglib.train.loop import INITIAL
 
 ZERO_SHOT = ZERO_SHOT_NAME  # the untrained initial model's row
 
@@ -22,8 +24,6 @@ class ModelLoadError(RuntimeError):
 
 
 def default_loader(run: RunContext) -> Callable[..., ClipModel]:
-    from cglib.train import load_trained
-
     device = run.device()
     return lambda name, seed=0: load_trained(run.params, run.dir, name, device=device, seed=seed)
 
@@ -51,8 +51,6 @@ def model_fingerprints(run: RunContext, name: str, seed: int = 0) -> tuple[str, 
 
     The architecture and preprocessing part of the key is `params.model` (what `load_trained` builds from).
     """
-    from cglib.train.loop import INITIAL
-
     path = training_dir(run.dir, seed) / (INITIAL if name == ZERO_SHOT else f"{name}/final.safetensors")
     if not path.is_file():
         return None
@@ -73,8 +71,6 @@ def zoo_loader(spec: ModelParams, device: str, seed: int) -> Callable[[str], Cli
     """Builds a zoo model in eval mode; what it leaves at random init (no tag, no checkpoint) is seeded (run.seed),
     so such a reference is the same model on every rerun (and its cached embeddings are reused)."""
     import torch
-
-    from cglib.models import build_model
 
     def load(_name: str) -> ClipModel:
         with torch.random.fork_rng(devices=[]):

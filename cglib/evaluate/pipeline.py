@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +47,7 @@ import numpy as np
 
 from cglib.config import ModelParams
 from cglib.data.dataset import CaptionDataset, load_ground_truth
+from cglib.data.image_cache import magic_image_cache
 from cglib.evaluate.benchmarks import Benchmark, EvalContext, ImageSet, Key, Scored, benchmarks_for
 from cglib.evaluate.bootstrap import stack_seeds
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
@@ -122,8 +124,6 @@ def _test_pixels(run: RunContext, magic, dataset: CaptionDataset, image_size: Ca
     if dataset.pixels is not None:
         pixels = dataset.pixels[[row_of[i] for i in present]]
         return (lambda: pixels), pixel_fingerprint(pixels=pixels), set(present), skipped
-    from cglib.data.image_cache import magic_image_cache
-
     cache = magic_image_cache(run, magic, dataset, image_size(), progress)
     readable = [i for i in present if i in cache]
     for i in present:
@@ -174,8 +174,6 @@ def evaluate_model(run: RunContext, spec: ModelParams, name: str | None = None, 
         return _evaluate(run, [zero_shot_info(), zoo_info(name, spec)], out_dir, progress, loader, strict_zoo=True)
     except ModelLoadError:
         if fresh:  # leave no empty results folder behind
-            import shutil
-
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
 

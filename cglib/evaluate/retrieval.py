@@ -18,6 +18,7 @@ N, on average). A normal model's scores are those of the exact float64 ranking.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import faiss
@@ -35,8 +36,6 @@ TIE_RTOL = 1e-9  # float64 scores closer than this (times |q| max|g|) are ties: 
 
 def set_faiss_threads(threads: int) -> None:
     """Fix faiss's OpenMP thread count (0 = all cores; faiss otherwise starts one thread per core)."""
-    import os
-
     faiss.omp_set_num_threads(threads if threads > 0 else (os.cpu_count() or 1))
 
 

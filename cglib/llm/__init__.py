@@ -16,7 +16,8 @@ from cglib.llm.engine import (
                               load_chains,
                               run_abstraction,
 )
-from cglib.llm.generalize_requests import GeneralizeResult, generalize_groups, offline_generalize
+from cglib.llm.generalize_requests import GeneralizeResult, generalize_groups
+from cglib.llm.generalizers import offline_generalize
 from cglib.llm.offline_backend import compare_offline_methods, taxonomy_fit
 
 __all__ = [

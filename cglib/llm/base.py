@@ -176,6 +176,18 @@ class Backend(ABC):
         return request_key(self.name, self.model, self.prompt_version, payload)
 
 
+CHARS_PER_TOKEN = 4.0
+TOKENS_PER_MESSAGE = 4  # chat formatting overhead per message
+
+
+def estimate_tokens(payload: dict) -> int:
+    """Approximate input tokens of a chat-completions body: message characters / 4, plus the schema (the cost
+    estimate, `cglib.llm.cost`, and the Batch API's enqueued-token limit, `cglib.llm.batch`)."""
+    chars = sum(len(m.get("content") or "") for m in payload.get("messages", []))
+    chars += len(json.dumps(payload.get("response_format", ""))) if "response_format" in payload else 0
+    return int(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(payload.get("messages", []))
+
+
 def request_key(backend: str, model: str, prompt_version: str | None, payload: dict) -> str:
     """SHA-256 of the canonical JSON of (backend, model, prompt version, request)."""
     blob = json.dumps({"backend": backend, "model": model, "prompt_version": prompt_version, "request": payload},

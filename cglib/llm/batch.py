@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cglib.llm.base import Job, Outcome, Report
-from cglib.llm.cost import estimate_tokens
+from cglib.llm.base import Job, Outcome, Report, estimate_tokens
 from cglib.llm.replies import ReplyError, check_message, message_of
 from cglib.run import write_json
 

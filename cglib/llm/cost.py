@@ -16,29 +16,20 @@ estimate of one request rises to the dearest reply seen, so a tokenizer dearer t
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cglib.config import LLMParams, Params
-from cglib.llm.base import ConceptTask, GroupRequest
+from cglib.llm.base import ConceptTask, GroupRequest, estimate_tokens
+from cglib.llm.openai_backend import chat_payload
 
-CHARS_PER_TOKEN = 4.0
-TOKENS_PER_MESSAGE = 4  # chat formatting overhead per message
 CONCEPT_REPLY_TOKENS = 12  # {"concept": "birthday party"}
 CAPTION_REPLY_TOKENS = 25  # one generalized caption
 COCO_TRAIN_IMAGES = 118_287  # captions_train2017.json
 COCO_CAPTION_CHARS = 53  # mean length of COCO captions (measured on the HierarCaps 1K images' 4,746 captions)
 PAPER_L1_NODES = 1_071  # paper Table 1
-
-
-def estimate_tokens(payload: dict) -> int:
-    """Approximate input tokens of a chat-completions body: message characters / 4, plus the schema."""
-    chars = sum(len(m.get("content") or "") for m in payload.get("messages", []))
-    chars += len(json.dumps(payload.get("response_format", ""))) if "response_format" in payload else 0
-    return int(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(payload.get("messages", []))
 
 
 def cost_usd(input_tokens: float, output_tokens: float, llm: LLMParams, price_factor: float = 1.0) -> float:
@@ -58,8 +49,6 @@ def estimate_concept_requests(params: Params, captions: list[list[str]], sample:
 def estimate_chain_requests(params: Params, todo: list[tuple[list[str], int]], sample: int = 200) -> dict[str, Any]:
     """Estimated tokens and cost of the chain requests still to be made: per image (captions, first level not yet
     answered), every level from that one to l_max (levels 2.. with a stand-in chain)."""
-    from cglib.llm.openai_backend import chat_payload
-
     n = len(todo)
     l_max = params.magic.l_max
     step = max(1, n // sample)
@@ -95,8 +84,6 @@ def estimate_payloads(params: Params, payloads: list[dict], reply_tokens: list[i
 def estimate_image_generalize_requests(params: Params, items: list[tuple[list[str], list[str]]],
                                        sample: int = 200) -> dict[str, Any]:
     """Estimated tokens and cost of per-image generalized captions for (captions, chain names) items."""
-    from cglib.llm.openai_backend import chat_payload
-
     n_items = len(items)
     if not n_items:
         return {"requests": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "max_request_usd": 0.0}
@@ -117,8 +104,6 @@ def estimate_image_generalize_requests(params: Params, items: list[tuple[list[st
 def estimate_generalize_requests(params: Params, groups: int, captions_per_group: int,
                                  caption_chars: int = COCO_CAPTION_CHARS) -> dict[str, Any]:
     """Estimated tokens and cost of generalized captions for `groups` nodes."""
-    from cglib.llm.openai_backend import chat_payload
-
     n = params.llm.generalized_captions_per_node
     req = GroupRequest("g", _filler(14), [_filler(12)] * (params.magic.l_max - 1),
                        [_filler(caption_chars)] * captions_per_group, n)

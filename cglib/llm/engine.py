@@ -22,6 +22,7 @@ from typing import Any
 
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
+from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
 from cglib.llm.base import (
     Backend,
     BudgetExceededError,
@@ -43,6 +44,9 @@ from cglib.llm.cost import (
     estimate_image_generalize_requests,
     make_budget,
 )
+from cglib.llm.generalizers import make_generalizer
+from cglib.llm.offline_backend import OfflineBackend, OracleBackend
+from cglib.llm.openai_backend import OpenAIBackend
 from cglib.llm.prompts import few_shot_chains, load_prompts
 from cglib.run import provenance, write_json
 from cglib.strict_yaml import NotTextError, read_text
@@ -104,19 +108,13 @@ def make_backend(params: Params, run_dir: Path, ground_truth: dict[str, list[str
     """The concept backend named by llm.backend."""
     kind = params.llm.backend
     if kind == "openai":
-        from cglib.llm.openai_backend import OpenAIBackend
-
         return OpenAIBackend(params, work_dir=Path(run_dir) / "abstraction" / "batches")
-    from cglib.llm.offline_backend import OfflineBackend, OracleBackend
-
     if kind == "oracle":
         return OracleBackend(params, ground_truth)
     return OfflineBackend(params)
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
-
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, unit="item")
 
 
@@ -275,8 +273,6 @@ def _generalize_estimate(params: Params, cache: ResultCache | None, dataset: Cap
     if params.magic.generalize == "group":
         groups = max(1, math.ceil(len(dataset.image_ids) / params.magic.size_min))
         return estimate_generalize_requests(params, groups, params.llm.generalize_max_captions)
-    from cglib.llm.generalize_requests import make_generalizer
-
     n = params.llm.generalized_captions_per_image
     gen_backend = make_generalizer(params, run_dir, "image")
     keyed = {i: gen_backend.key(gen_backend.payload(GroupRequest(i, c[0], list(c[1:]), list(dataset.captions[i]), n,

@@ -28,6 +28,7 @@ import numpy as np
 
 from cglib.config import Params
 from cglib.data.taxonomy import Taxonomy, load_taxonomy
+from cglib.embed import MINILM_DIM, embed_texts
 from cglib.llm.base import Backend, ConceptTask, Job, Outcome, Report
 from cglib.llm.canonical import canonicalize
 
@@ -91,8 +92,6 @@ MEMO_MAX_TEXTS = 100_000  # ~150 MB of float32: enough for a demo run, never the
 def embed_memo(texts: list[str]) -> np.ndarray:
     """MiniLM embeddings of `texts`, remembering up to MEMO_MAX_TEXTS in this process (the notebook embeds the
     same captions for the run and for the method comparison)."""
-    from cglib.embed import MINILM_DIM, embed_texts
-
     todo = list(dict.fromkeys(t for t in texts if t not in _MEMO))
     fresh = dict(zip(todo, embed_texts(todo))) if todo else {}
     if len(_MEMO) + len(fresh) <= MEMO_MAX_TEXTS:

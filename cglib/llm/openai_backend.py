@@ -43,6 +43,7 @@ from cglib.llm.base import (
     redact,
     register_secret,
 )
+from cglib.llm.batch import BatchRunner
 from cglib.llm.prompts import (
     CONCEPT_SCHEMA,
     GENERALIZE_SCHEMA,
@@ -196,8 +197,6 @@ class OpenAIBackend(Backend):
         if not jobs:
             return
         if self.llm.batch_api:
-            from cglib.llm.batch import BatchRunner
-
             await BatchRunner(self, self.work_dir).run(jobs, report)
             return
         client = self.client()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
+from cglib.llm import generalize_groups
 from cglib.magic.dag import ConceptDAG
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
 from cglib.magic.export import write_graphml
@@ -65,8 +66,6 @@ def align_chains(dataset: CaptionDataset, chains: dict[str, list[str]], l_max: i
 
 
 def _default_generalizer() -> Generalizer:
-    from cglib.llm import generalize_groups
-
     return generalize_groups
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cglib.config import ModelParams, Params
+from cglib.embed import embed_texts
 
 Embedder = Callable[[list[str]], np.ndarray]
 OPENAI_DEFAULT_MODEL = "text-embedding-3-small"
@@ -45,14 +46,12 @@ def embed_names(embedder: Embedder, names: list[str]) -> dict[str, np.ndarray]:
 
 def minilm_embedder() -> Embedder:
     """The offline MiniLM sentence encoder."""
-    from cglib.embed import embed_texts
-
     return embed_texts
 
 
 def open_clip_embedder(params: Params, device: str = "cpu") -> Embedder:
     """The text tower of an open_clip model (`magic.embedder_model`, or the run's `model` section when null)."""
-    from cglib.models import build_model, encode_texts
+    from cglib.models import build_model, encode_texts  # lazy: torch; cglib.magic imports without it
 
     spec = params.magic.embedder_model
     if spec is None:

@@ -29,7 +29,9 @@ import yaml
 from pydantic import ValidationError
 
 from cglib.config import HUB_ID_PATTERN, Params
+from cglib.data.coco import image_problems
 from cglib.data.dataset import CaptionDataset
+from cglib.data.synthetic import make_world
 from cglib.magic.hf_export import (
     CARD_FILE,
     EXPORT_FORMAT_VERSION,
@@ -48,6 +50,7 @@ from cglib.magic.hf_export import (
 from cglib.magic.invariants import MagicInvariantError, check_invariants
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, MergeRecord, Node, RemovalRecord
 from cglib.magic.stats import compute_stats, table1
+from cglib.run import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -339,8 +342,6 @@ def captions_from_export(params: Params, export: MagicExport | None = None
     if image_dir is None or not Path(image_dir).is_dir():
         raise FileNotFoundError(f"{key} ({image_dir}) is not a folder; set it to the folder holding the export's "
                                 "images (COCO's train2017/ for MAGIC)")
-    from cglib.data.coco import image_problems
-
     files = {r["image_id"]: Path(image_dir) / r["file_name"] for r in export.rows}
     problems = dict(zip(ids, image_problems([files[i] for i in ids])))
     unreadable = Counter(p for p in problems.values() if p)
@@ -360,8 +361,6 @@ def _rerender_world(params: Params, export: MagicExport, ids: list[str], caption
                     ) -> tuple[CaptionDataset, dict[str, list[str]]]:
     """The synthetic world of the export rendered again from its parameters and seed, restricted to its images,
     checked against the exported captions and ground truth."""
-    from cglib.data.synthetic import make_world
-
     world_params = export.info["world"]
     if params.data.source != "synthetic":
         raise ValueError(f"{export.directory / CARD_FILE}: this export is a synthetic world (re-rendered from its "
@@ -388,8 +387,6 @@ def _rerender_world(params: Params, export: MagicExport, ids: list[str], caption
 
 def imported_magic(export: MagicExport, params: Params) -> MagicFile:
     """The export's MAGIC for this run: the same content, with this run's provenance (the export's kept inside)."""
-    from cglib.run import provenance
-
     magic = export.magic.model_copy(deep=True)
     magic.provenance = provenance(params, stage="magic", imported_from=export.source,
                                   export_directory=str(export.directory), export_provenance=export.magic.provenance)

@@ -46,12 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from cglib.config import Params
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
 from cglib.magic.invariants import check_invariants
 from cglib.magic.negatives import attach_negatives
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, load_magic, node_id, save_magic
+from cglib.run import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -270,8 +272,6 @@ def ngram_path(run) -> Path:
 
 def build_ngram_groups(run, embedder: Embedder | None = None, force: bool = False) -> MagicFile:
     """The run's n-gram groups: `magic/ngram.json`, built from its magic.json when absent or out of date."""
-    from cglib.run import provenance
-
     magic_path = run.require("magic/magic.json", "03_magic_dag")
     path = ngram_path(run)
     key = ngram_key(magic_path, run.params)
@@ -297,8 +297,6 @@ def content_digest(magic: MagicFile) -> str:
 
 def ngram_table(magic: MagicFile, level: int = 1, top: int | None = None):
     """A pandas table of one level's n-gram nodes: name, images, parent, hard negatives (largest first)."""
-    import pandas as pd
-
     rows = [{"ngram": n.name, "images": n.n_images, "parent": n.primary_parent,
              "hard_negatives": len(n.hard_negatives), "children": len(magic.children(n.id))}
             for n in magic.nodes_at(level)]

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cglib.strict_yaml import NotTextError, read_text
+
 SCHEMA_VERSION = 2
 
 
@@ -181,8 +183,6 @@ def load_magic(path: str | Path) -> MagicFile:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run notebook 03_magic_dag first")
-    from cglib.strict_yaml import NotTextError, read_text
-
     try:
         raw = json.loads(read_text(path))
     except NotTextError as exc:
@@ -200,7 +200,7 @@ def load_magic(path: str | Path) -> MagicFile:
         where = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{path} is malformed at {where}: {first['msg']} ({exc.error_count()} problems); "
                          "rebuild it with notebook 03_magic_dag") from None
-    from cglib.magic.invariants import check_invariants
+    from cglib.magic.invariants import check_invariants  # lazy: cycle, invariants imports schema
 
     check_invariants(magic)
     return magic

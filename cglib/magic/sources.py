@@ -4,7 +4,9 @@ captions, HierarCaps images), or a MAGIC export (`magic.source`), whose images a
 from __future__ import annotations
 
 from cglib.config import Params
+from cglib.data.coco import load_coco_captions
 from cglib.data.dataset import CaptionDataset
+from cglib.data.hierarcaps import load_hierarcaps_dataset
 from cglib.data.sources import synthetic_world
 from cglib.magic.hf_import import captions_from_export
 
@@ -19,10 +21,6 @@ def load_captions(params: Params) -> tuple[CaptionDataset, dict[str, list[str]] 
         world = synthetic_world(params, params.run.seed)
         return world.dataset, world.ground_truth
     if d.source == "coco":
-        from cglib.data.coco import load_coco_captions
-
         return load_coco_captions(d.coco_captions, d.coco_images, max_images=d.max_images), None
-    from cglib.data.hierarcaps import load_hierarcaps_dataset
-
     return load_hierarcaps_dataset(d.hierarcaps_csv, d.hierarcaps_images, max_images=d.max_images,
                                    coco_captions_json=d.coco_captions), None

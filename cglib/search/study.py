@@ -25,6 +25,7 @@ cache/; each trial's weights are deleted when it ends, Optuna's storage keeps it
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import inspect
 import logging
 import os
@@ -41,8 +42,17 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from cglib import distributed
 from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
+from cglib.data.dataset import CaptionDataset
+from cglib.data.image_cache import magic_image_cache
+from cglib.magic.schema import load_magic
 from cglib.run import RunContext, provenance, runner_gone, runner_identity, write_json
+from cglib.search.validation import ValidationScorer, search_view
+from cglib.strict_yaml import load_yaml, read_text
+from cglib.train.inputs import TrainInputs, model_image_size, run_entry
+from cglib.train.loop import ensure_initial
+from cglib.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -193,15 +203,6 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
     """The study folder with the base weights every trial starts from (the run's zero-shot model, built by
     `ensure_initial` when the run has none yet), the image cache of the search view (no test image) and
     validation.json; shared by every worker of the study."""
-    import hashlib
-
-    from cglib.data.dataset import CaptionDataset
-    from cglib.data.image_cache import magic_image_cache
-    from cglib.magic.schema import load_magic
-    from cglib.search.validation import ValidationScorer, search_view
-    from cglib.train.inputs import TrainInputs, model_image_size
-    from cglib.train.loop import ensure_initial
-
     params = run.params
     folder = workspace(params, run.dir)
     magic_path = run.require("magic/magic.json", "03_magic_dag")
@@ -233,10 +234,6 @@ class Objective:
         self.run, self.space, self.progress = run, space, progress
 
     def __call__(self, trial: optuna.Trial) -> float:
-        from cglib import distributed
-        from cglib.train.inputs import run_entry
-        from cglib.train.trainer import Trainer
-
         trial.set_user_attr("worker", runner_identity())
         values = suggest(trial, self.run.params)
         name = f"trial-{trial.number:05d}"
@@ -319,8 +316,6 @@ def _absolute_inputs(raw: dict, root: Path) -> dict:
 def write_best_params(run: RunContext, study: optuna.Study, path: Path) -> Path | None:
     """The input params file with the best trial's values merged into `train` (run.name + '-tuned', input paths
     absolute), validated; None while the study has no complete trial."""
-    from cglib.strict_yaml import load_yaml, read_text
-
     if not complete_trials(study) or run.params_path is None:
         return None
     best = study.best_trial

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from cglib.config import load_params
 from cglib.distributed import init_distributed
 from cglib.run import RunContext, open_run, seed_everything, set_threads
+from cglib.train.faults import Terminated
+from cglib.train.loop import train_all
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,8 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    import os
-
     if int(os.environ.get("RANK", "0")) == 0:
         run = open_run(args.params, args.run_dir)
     else:  # other ranks read the same params without rewriting the run folder's params.yaml
@@ -38,9 +39,6 @@ def main(argv: list[str] | None = None) -> int:
         seed_everything(params.run.seed)
         set_threads(params.run.threads)
     info = init_distributed(run.device())
-    from cglib.train.faults import Terminated
-    from cglib.train.loop import train_all
-
     try:
         summaries = train_all(run, args.runs, progress=not args.no_progress, info=info)
     except Terminated:  # SIGTERM: the run saved its checkpoint; the same command resumes it

@@ -32,7 +32,10 @@ from cglib import losses
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import build_image_cache
+from cglib.data.sources import synthetic_world
+from cglib.data.synthetic import leaked_concept_names
 from cglib.frontend import tqdm
+from cglib.magic.schema import load_magic
 from cglib.models import ClipModel, Towers, encode_texts, pixels_to_tensor, tokenize
 from cglib.run import RunContext
 from cglib.train.optim import amp_dtype
@@ -44,9 +47,6 @@ def base_corpus(run: RunContext) -> tuple[CaptionDataset, dict[str, Any]]:
     params = run.params
     base = params.train.base
     if base.corpus == "synthetic":
-        from cglib.data.sources import synthetic_world
-        from cglib.data.synthetic import leaked_concept_names
-
         seed = params.run.seed + base.seed_offset
         world = synthetic_world(params, seed, base.images_per_concept)
         texts = [c for i in world.dataset.image_ids for c in world.dataset.captions[i]]
@@ -54,8 +54,6 @@ def base_corpus(run: RunContext) -> tuple[CaptionDataset, dict[str, Any]]:
         return world.dataset, {"corpus": "synthetic", "world_seed": seed, "texts": "original captions",
                                "captions_naming_a_concept": leaked}
     if base.corpus == "magic_train":
-        from cglib.magic.schema import load_magic
-
         magic = load_magic(run.require("magic/magic.json", "03_magic_dag"))
         dataset = CaptionDataset.load(run.require("captions/dataset.json", "01_captions").parent)
         subset = dataset.subset([i for i in dataset.image_ids if i in magic.images and

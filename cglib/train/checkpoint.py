@@ -11,11 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from cglib import distributed
+from cglib.models import architecture_params, build_model, load_weights, save_weights
+from cglib.train.faults import check_resume_precision
 
 LAST = "last.pt"
 
@@ -124,8 +130,6 @@ class RunFiles:
 
     def fresh_model(self):
         """The run's starting point: params.model with the initial (zero-shot) weights, or run `init`'s final ones."""
-        from cglib.models import architecture_params, build_model, load_weights
-
         bundle = build_model(architecture_params(self.run.params.model), "cpu")
         start = self.base / self.start
         if not start.is_file():
@@ -153,8 +157,6 @@ class RunFiles:
     def save_weights(self, bundle: Any, path: Path) -> None:
         """Weights of what trains; a frozen tower is referenced (the starting weights file: initial.safetensors or
         run init's final.safetensors) and verified on load."""
-        from cglib.models import save_weights
-
         if self.info.is_main:
             source = Path("../" * len(path.parent.relative_to(self.base).parts)) / self.start
             save_weights(bundle.model, path, exclude=self.frozen, source=str(source))
@@ -166,10 +168,6 @@ class RunFiles:
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The run's last.pt when resuming is allowed and it was written for this spec (warned otherwise)."""
-        import warnings
-
-        from cglib.train.faults import check_resume_precision
-
         path = self.ckpt_dir / LAST
         if not self.run.params.train.resume or not path.is_file():
             return None
@@ -197,10 +195,6 @@ class RunFiles:
 
     def clear_outputs(self) -> None:
         """Remove a previous attempt's outputs before training from scratch."""
-        import shutil
-
-        from cglib import distributed
-
         if self.info.is_main:
             for name in ("log.csv", "summary.json", FINAL):
                 (self.out / name).unlink(missing_ok=True)

@@ -6,12 +6,16 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from cglib import distributed
 from cglib.config import Params, TrainRunParams
 from cglib.data.dataset import CaptionDataset
 from cglib.data.download import file_digest
 from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.distributed import DistInfo
+from cglib.hf_clip import image_size
+from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
 from cglib.magic.schema import MagicFile, load_magic
+from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
 from cglib.run import RunContext
 from cglib.train.released import released_file
 
@@ -31,11 +35,7 @@ def model_image_size(params: Params) -> int:
     if params.model.image_size is not None:
         return params.model.image_size
     if params.model.source == "hf":
-        from cglib.hf_clip import image_size
-
         return image_size(params.model.name)
-    from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
-
     name = params.model.name
     if name in CGLIB_CONFIGS:
         return (DEMO_VISION if name == "cglib-demo-vit" else TINY_VISION)["image_size"]
@@ -62,9 +62,6 @@ def load_inputs(run: RunContext, image_size: int | None = None, progress: bool =
     cache = magic_image_cache(run, magic, CaptionDataset.load(dataset_dir), image_size, progress, info)
     digest = hashlib.sha1(magic_path.read_bytes())
     if groups == "ngram":
-        from cglib import distributed
-        from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
-
         info = info or DistInfo()
         if info.is_main:
             build_ngram_groups(run)

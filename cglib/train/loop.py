@@ -72,9 +72,11 @@ from typing import Any
 from cglib import distributed
 from cglib.config import Params
 from cglib.data.download import file_digest
+from cglib.data.image_cache import image_cache_dir
 from cglib.distributed import DistInfo
 from cglib.models import ClipModel, architecture_params, build_model, load_weights, save_weights
 from cglib.run import RunContext, provenance, seed_everything, seed_label, training_dir, write_json
+from cglib.train.base import base_corpus, train_base
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
 from cglib.train.inputs import TrainInputs, inputs_for, load_inputs, model_image_size, run_entry, run_spec
@@ -151,9 +153,6 @@ def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool
         bundle = build_model(run.params.model, "cpu")
         record: dict[str, Any] = {"spec": want}
         if run.params.train.base.corpus != "none":
-            from cglib.data.image_cache import image_cache_dir
-            from cglib.train.base import base_corpus, train_base
-
             corpus, described = base_corpus(run)
             record["base"] = {**described, **train_base(run.params, bundle, corpus, image_cache_dir(run),
                                                         run.device(), progress, seed=run.train_seed)}

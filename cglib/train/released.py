@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cglib import hf_clip
 from cglib.config import TrainRunParams
 from cglib.data.download import file_digest
 from cglib.models import ClipModel
@@ -31,8 +32,6 @@ def released_present(entry: TrainRunParams) -> bool:
 
 def load_released(bundle: ClipModel, entry: TrainRunParams) -> dict[str, Any]:
     """Put the released text tower into `bundle` (in place); the record for the run summary."""
-    from cglib import hf_clip
-
     key, path = f"train.runs[{entry.name}].options.released", released_file(entry)
     state = hf_clip.read_state_dict(path, key=key)
     if bundle.text_tower == "hf":

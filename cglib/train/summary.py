@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 
 from cglib import distributed
 from cglib.config import Params
+from cglib.models import resolve_activation
 from cglib.run import provenance, write_json
 from cglib.train.checkpoint import FINAL, LAST, text_keys
 from cglib.train.inputs import exposure, related_methods, text_source
@@ -69,8 +71,6 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
     The trainer rebuilds the model from `architecture_params` (activation pinned, tag dropped), so the bundle
     alone would give "model.force_activation" as the reason even when the pretrained tag decided it.
     """
-    from cglib.models import resolve_activation
-
     m = params.model
     if m.source == "hf":  # the checkpoint's config decides, whatever the weights
         return bundle.info()
@@ -141,8 +141,6 @@ def finish(trainer: Trainer) -> dict[str, Any]:
 
 def summary_table(summaries: dict[str, dict[str, Any]]):
     """One row per run (a pandas DataFrame): objective, pretraining, exposure, steps, time, losses, weights moved."""
-    import pandas as pd
-
     rows = []
     for name, s in summaries.items():
         losses_ = s.get("epoch_loss") or [float("nan")]

@@ -13,6 +13,7 @@ import copy
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from cglib.train.phases import Phase
 from cglib.train.released import TRAINED_HERE, load_released, released_present
 from cglib.train.runlog import LOG_COLUMNS, RunLog
 from cglib.train.step import Stepper
+from cglib.train.summary import finish
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +92,6 @@ class Trainer:
     # ------------------------------------------------------------------------------------ main
     def __call__(self) -> dict[str, Any]:
         """Train (or resume) the run; return its summary (written by summary.finish)."""
-        from cglib.train.summary import finish
-
         seed_everything(self.run.train_seed)  # the training seed: init of anything built here
         ckpt = self.files.load_checkpoint()
         if ckpt is None:
@@ -142,8 +142,6 @@ class Trainer:
 
     def _warmup(self, total: int, phase: str) -> int:
         """train.warmup_steps, or a tenth of a phase too short for it (warned and recorded in the summary)."""
-        import warnings
-
         warmup = self.t.warmup_steps
         if phase in ("pretrain", "re"):  # the text phases are short: their warmup is at most a tenth of them
             warmup = min(warmup, total // 10)

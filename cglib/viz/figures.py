@@ -15,22 +15,46 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from cglib.config import Params, load_params
-from cglib.data.dataset import CaptionDataset
+from cglib.data.dataset import CaptionDataset, load_ground_truth
+from cglib.data.image_cache import build_image_cache
+from cglib.data.taxonomy import load_taxonomy
+from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
+from cglib.evaluate.loading import model_fingerprints
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.models import ClipModel
 from cglib.run import RunContext, provenance, seed_label, write_json
-from cglib.train import ZERO_SHOT
-from cglib.viz.umap_centroids import GroupEmbeddings, UmapPanel
-
-if TYPE_CHECKING:
-    from cglib.viz.explorer import ConceptExplorer
+from cglib.search.study import SUMMARY, open_study, workspace
+from cglib.train import ZERO_SHOT, load_trained
+from cglib.viz.attention import (
+    choose_attention_images,
+    plot_attention_grid,
+    plot_attention_heads,
+    vision_transformer,
+)
+from cglib.viz.data_figures import caption_length_figure, image_grid
+from cglib.viz.data_figures import taxonomy_figure as draw_taxonomy
+from cglib.viz.eval_figures import plot_accuracy_by_level
+from cglib.viz.explorer import ConceptExplorer, build_explorer
+from cglib.viz.search_figures import history_figure, importance_figure
+from cglib.viz.style import apply_style, save_figure
+from cglib.viz.training_figures import plot_loss_curves
+from cglib.viz.umap_centroids import (
+    GroupEmbeddings,
+    UmapPanel,
+    configure_numba_cache,
+    dual_effect_table,
+    embed_groups,
+    group_texts,
+    plot_measured_dual_effect,
+    plot_umap_panels,
+    umap_panels,
+)
 
 MANIFEST = "manifest.json"
 DUAL_EFFECT_TABLE = "07_dual_effect_measured.csv"
@@ -89,8 +113,6 @@ class VizRun:
             print(f"{len(ids) - len(present)} test images of magic.json are not in the captions dataset; left out")
         if self.dataset.pixels is not None:
             return present, self.dataset.subset(present).pixels
-        from cglib.data.image_cache import build_image_cache
-
         # The same cache as evaluation's (same subset, size and folder), so it is decoded once per run.
         cache = build_image_cache(self.dataset.subset(present), self.params.data.image_cache_size,
                                   self.dir / "cache" / "images", progress=self.progress)
@@ -102,8 +124,6 @@ class VizRun:
     @cached_property
     def _image_source(self) -> str:
         """Content fingerprint of the test pixels (files: path, size, mtime; in-memory: the bytes)."""
-        from cglib.evaluate.embeddings import pixel_fingerprint
-
         if self.dataset.image_files is not None:
             return pixel_fingerprint(files=[self.dataset.image_files[i] for i in self.test_ids])
         return pixel_fingerprint(pixels=self.test_pixels)
@@ -134,8 +154,6 @@ class VizRun:
     def models(self) -> dict[str, ClipModel]:
         """Every model with a checkpoint (zero-shot first) of the first training seed; the others are listed in
         `missing_models`."""
-        from cglib.train import load_trained
-
         for name in self.model_names:
             if name in self._models or name in self.missing_models:
                 continue
@@ -152,9 +170,6 @@ class VizRun:
     @cached_property
     def embeddings(self) -> list[GroupEmbeddings]:
         """Test-image and text embeddings of every available model (texts: `viz.umap_texts`)."""
-        from cglib.evaluate.embeddings import EmbeddingStore
-        from cglib.viz.umap_centroids import embed_groups
-
         store = EmbeddingStore(self.dir / "cache" / "embeddings", batch_size=self.params.eval.batch_size)
         out = []
         for name, bundle in self.models().items():
@@ -170,9 +185,6 @@ class VizRun:
     def _from_evaluation_cache(self, name: str, bundle: ClipModel) -> GroupEmbeddings | None:
         """The model's embeddings from evaluation's cache when it holds exactly our test images and all our texts
         (its keys still verify the weights, ids, pixels and strings); None otherwise."""
-        from cglib.evaluate.embeddings import EmbeddingStore
-        from cglib.viz.umap_centroids import group_texts
-
         store = EmbeddingStore(self.dir / "evaluation" / "embeddings", batch_size=self.params.eval.batch_size)
         label = seed_label(name, self.training_seed)  # evaluation's cache name for this seed
         path = store.path(label, "magic")
@@ -188,8 +200,6 @@ class VizRun:
             return None
         # Evaluation's own ids, strings and tower fingerprints give evaluation's own keys: a valid cache is read
         # as is; a stale one is recomputed into exactly what evaluation itself would write (no key thrashing).
-        from cglib.evaluate.loading import model_fingerprints
-
         fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name, self.training_seed)
         if fingerprints is None:
             return None
@@ -202,8 +212,6 @@ class VizRun:
     @cached_property
     def umap_panels(self) -> list[UmapPanel]:
         """UMAP panels of every model (same seed), image and text centroids."""
-        from cglib.viz.umap_centroids import configure_numba_cache, umap_panels
-
         configure_numba_cache(self.params.viz.numba_cache_dir)
         v = self.params.viz
         return umap_panels(self.embeddings, seed=v.umap_seed, n_neighbors=v.umap_neighbors,
@@ -212,21 +220,15 @@ class VizRun:
     @cached_property
     def dual_effect(self) -> pd.DataFrame:
         """Within-group spread and between-centroid distance per model, modality and level."""
-        from cglib.viz.umap_centroids import dual_effect_table
-
         return dual_effect_table(self.embeddings, self.magic)
 
     def attention_image_ids(self) -> list[str]:
         """The `viz.attention_images` test images of the attention grids (groups spread evenly)."""
-        from cglib.viz.attention import choose_attention_images
-
         readable = set(self.test_ids)
         return [i for i in choose_attention_images(self.magic, self.params.viz.attention_images) if i in readable]
 
     def save(self, fig: Figure, stem: str, formats: Sequence[str] | None = None) -> list[Path]:
         """Save a figure under `figures/` in `viz.formats` at `viz.dpi`."""
-        from cglib.viz.style import save_figure
-
         return save_figure(fig, self.dir / "figures", stem, formats=formats or self.params.viz.formats,
                            dpi=self.params.viz.dpi)
 
@@ -242,23 +244,17 @@ def _device(params: Params) -> str:
 # ------------------------------------------------------------------------------------------ figures
 def umap_figure(vr: VizRun) -> Figure:
     """UMAP of l1 centroids per model (rows image/text), coloured by the `viz.color_level` ancestor."""
-    from cglib.viz.umap_centroids import plot_umap_panels
-
     return plot_umap_panels(vr.umap_panels, vr.magic, color_level=vr.params.viz.color_level,
                             label_max=vr.params.viz.label_max)
 
 
 def dual_effect_figure(vr: VizRun) -> Figure:
     """Measured dual effect: within-group spread vs between-centroid distance per model."""
-    from cglib.viz.umap_centroids import plot_measured_dual_effect
-
     return plot_measured_dual_effect(vr.dual_effect, level=1)
 
 
 def attention_grid_figure(vr: VizRun, model: str) -> Figure:
     """Rollout and text-conditioned maps (l1..l_max concept names) of the chosen test images, one model."""
-    from cglib.viz.attention import plot_attention_grid, vision_transformer
-
     bundle = vr.models()[model]
     vision_transformer(bundle)  # a clear error for non-ViT towers before any work
     ids = vr.attention_image_ids()
@@ -270,8 +266,6 @@ def attention_grid_figure(vr: VizRun, model: str) -> Figure:
 
 def attention_heads_figure(vr: VizRun, model: str) -> Figure:
     """Class-token attention per layer and head of the first attention image, one model."""
-    from cglib.viz.attention import plot_attention_heads
-
     ids = vr.attention_image_ids()
     if not ids:
         raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
@@ -284,48 +278,34 @@ def accuracy_figure(vr: VizRun) -> Figure:
     metrics = pd.read_csv(_require(vr.dir / "evaluation" / "metrics.csv", "06_evaluation"))
     seeds_path = vr.dir / "evaluation" / "seeds.csv"  # absent in evaluations written before train.seeds
     seeds = pd.read_csv(seeds_path, dtype={"level": str, "training_seed": str}) if seeds_path.is_file() else None
-    from cglib.viz.eval_figures import plot_accuracy_by_level
-
     return plot_accuracy_by_level(metrics, seeds=seeds)
 
 
 def loss_curves_figure(vr: VizRun) -> Figure:
     """Training loss curves of every run, from the training logs."""
     _require(vr.dir / "training", "05_training")
-    from cglib.viz.training_figures import plot_loss_curves
-
     return plot_loss_curves(vr.dir)
 
 
 def caption_lengths_figure(vr: VizRun) -> Figure:
     """Notebook 01: caption lengths of the run's captions dataset."""
-    from cglib.viz.data_figures import caption_length_figure
-
     return caption_length_figure(vr.dataset)
 
 
 def image_grid_figure(vr: VizRun) -> Figure:
     """Notebook 01: random images with a caption (and the ground-truth l1 concept of a synthetic run)."""
-    from cglib.data.dataset import load_ground_truth
-    from cglib.viz.data_figures import image_grid
-
     return image_grid(vr.dataset, n=12, columns=4, seed=vr.params.run.seed,
                       ground_truth=load_ground_truth(vr.dir / "captions"))
 
 
 def taxonomy_figure(vr: VizRun) -> Figure:
     """Notebook 01: the synthetic world's shipped taxonomy (runs with ground-truth chains only)."""
-    from cglib.data.taxonomy import load_taxonomy
-    from cglib.viz.data_figures import taxonomy_figure as draw
-
     _require(vr.dir / "captions" / "ground_truth.json", "01_captions, for the synthetic world only")
-    return draw(load_taxonomy())
+    return draw_taxonomy(load_taxonomy())
 
 
 def run_explorer(vr: VizRun) -> ConceptExplorer:
     """The concept explorer over the run's models and test images (reusing the computed image embeddings)."""
-    from cglib.viz.explorer import build_explorer
-
     return build_explorer(vr.models(), vr.magic, vr.test_ids, vr.test_pixels, top_k=vr.params.viz.explorer_top_k,
                           image_embeddings={e.model: e.images for e in vr.embeddings})
 
@@ -340,23 +320,17 @@ def save_dual_effect_table(vr: VizRun) -> Path:
 
 def search_study(vr: VizRun):
     """Notebook 08's Optuna study, loaded from its storage (search.json marks a search that has run)."""
-    from cglib.search.study import SUMMARY, open_study, workspace
-
     _require(workspace(vr.params, vr.dir) / SUMMARY, "08_search (or cglib search)")
     return open_study(vr.params, vr.dir)
 
 
 def search_history_figure(vr: VizRun) -> Figure:
     """Notebook 08: every trial's validation accuracy and the best so far."""
-    from cglib.viz.search_figures import history_figure
-
     return history_figure(search_study(vr))
 
 
 def search_importances_figure(vr: VizRun) -> Figure:
     """Notebook 08: parameter importances of the search (fANOVA, the sampler's seed)."""
-    from cglib.viz.search_figures import importance_figure
-
     return importance_figure(search_study(vr), seed=vr.params.search.sampler_seed)
 
 
@@ -413,8 +387,6 @@ class FigureFailures(RuntimeError):
 def build_figures(run_dir: str | Path, formats: Sequence[str] | None = None, progress: bool = True) -> FigureReport:
     """Rebuild every figure of a run that its saved inputs allow; return what was written, skipped, failed."""
     import matplotlib.pyplot as plt
-
-    from cglib.viz.style import apply_style
 
     vr = VizRun.open(run_dir, progress=progress)
     apply_style()

@@ -16,6 +16,7 @@ processes reuse what can be cached; umap's parallel kernels are not cacheable an
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -44,8 +45,6 @@ def configure_numba_cache(directory: str | Path | None = None) -> Path:
     path = Path(directory).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     os.environ["NUMBA_CACHE_DIR"] = str(path)
-    import sys
-
     if "numba" in sys.modules:  # numba reads the variable at import; set the live config as well
         import numba
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from cglib.data.dataset import CaptionDataset
+from cglib.data.hierarcaps import load_hierarcaps
+from cglib.data.image_cache import build_image_cache
 from cglib.evaluate.benchmarks.base import Benchmark, EvalContext, ImageSet, Key, Scored, image_vectors
 from cglib.evaluate.embeddings import Embeddings, pixel_fingerprint
 from cglib.evaluate.gallery import MetricScores
@@ -32,9 +34,6 @@ class HierarCapsItems:
 
 def load_hierarcaps_items(run, magic, size: int, progress: bool) -> HierarCapsItems:
     """HierarCaps items, lazy pixels (image cache at `size`), their fingerprint, texts (+ the root's empty string)."""
-    from cglib.data.hierarcaps import load_hierarcaps
-    from cglib.data.image_cache import build_image_cache
-
     d = run.params.data
     if d.hierarcaps_csv is None or d.hierarcaps_images is None:
         raise ValueError("eval.hierarcaps is true but data.hierarcaps_csv / data.hierarcaps_images are not set; "
