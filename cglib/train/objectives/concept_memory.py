@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from cglib.models import encode_images, encode_texts
+
 _EPS = 1e-12
 
 
@@ -116,8 +118,6 @@ def group_centroids(vectors: np.ndarray, members: list[list[int]]) -> np.ndarray
 
 def initial_memory(bundle: Any, sampler: Any, cache: Any, momentum: float, chunk: int = 1024) -> ConceptMemory:
     """The memory at the model's current weights: each training group's images and pair texts encoded once."""
-    from cglib.models import encode_images, encode_texts
-
     images = sorted({i for g in sampler.groups for i in sampler.images[g]})
     texts = sorted({t for g in sampler.groups for _, t in sampler.pairs[g]})
     image_row = {i: k for k, i in enumerate(images)}

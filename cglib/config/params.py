@@ -1,0 +1,82 @@
+"""The whole params file: every section, and the rules that span sections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from cglib.config.base import Section
+from cglib.config.evaluation import EvalParams, SearchParams, VizParams
+from cglib.config.inputs import DataParams, LLMParams, MagicParams, ModelParams, NgramParams, RunParams
+from cglib.config.training import TrainParams
+
+
+class Params(Section):
+    run: RunParams = Field(default_factory=RunParams)
+    data: DataParams = Field(default_factory=DataParams)
+    llm: LLMParams = Field(default_factory=LLMParams)
+    magic: MagicParams = Field(default_factory=MagicParams)
+    ngram: NgramParams = Field(default_factory=NgramParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    train: TrainParams = Field(default_factory=TrainParams)
+    eval: EvalParams = Field(default_factory=EvalParams)
+    viz: VizParams = Field(default_factory=VizParams)
+    search: SearchParams = Field(default_factory=SearchParams)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> Params:
+        if self.viz.color_level > self.magic.l_max:
+            raise ValueError(f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
+                             "lower viz.color_level")
+        if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
+            raise ValueError("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
+                             f"'{self.data.source}' use train.base.corpus: magic_train (or none)")
+        if self.train.text_trains == "projection" and self.model.text_projection == "none":
+            raise ValueError("train.text_trains: projection trains the text projection alone, and the model has "
+                             "none: set model.text_projection: identity (text_tower: minilm), or text_trains: tower")
+        clash = sorted({z.name for z in self.eval.zoo} & {r.name for r in self.train.runs})
+        if clash:
+            raise ValueError(f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
+                             "(every row of Table 3 needs its own name)")
+        self._search_run()
+        if self.llm.backend == "oracle" and self.data.source != "synthetic":
+            raise ValueError("llm.backend 'oracle' needs the synthetic world's ground truth; "
+                             "use data.source: synthetic or another backend")
+        return self
+
+    def _search_run(self) -> None:
+        """search.run names an image-text run whose tuned keys are not overridden in its train.runs entry."""
+        name = self.search.run
+        if name is None:
+            return
+        entry = next((r for r in self.train.runs if r.name == name), None)
+        if entry is None:
+            raise ValueError(f"search.run {name!r} is not a train.runs entry; choose one of "
+                             f"{[r.name for r in self.train.runs]} (or null for the first image-text run)")
+        if not entry.trains_images():
+            raise ValueError(f"search.run {name!r} has loss {entry.loss}, which trains the text tower alone; tune an "
+                             "image-text run (loss clip, pairwise or centroid)")
+        if entry.groups != "magic":
+            raise ValueError(f"search.run {name!r} trains on groups: {entry.groups}, but the search's validation "
+                             "split is carved from MAGIC's groups; tune a groups: magic run")
+        for key, where in (("tau", "tau"), ("alpha", "options.alpha")):
+            own = getattr(entry, key, None) if key == "tau" else getattr(entry.options, key, None)
+            if own is not None and getattr(self.search.space, key) is not None:
+                raise ValueError(f"train.runs entry {name!r} overrides {key}, so a tuned train.{key} would not "
+                                 f"reach it; remove its {where} or set search.space.{key}: null")
+
+    def search_run(self) -> str:
+        """The train.runs entry the search tunes: search.run, else the first entry with an image-text loss."""
+        if self.search.run is not None:
+            return self.search.run
+        for entry in self.train.runs:
+            if entry.trains_images() and entry.groups == "magic":
+                return entry.name
+        raise ValueError("train.runs has no image-text run (loss clip, pairwise or centroid) to tune; add one "
+                         "or set search.run")
+
+    def run_dir(self, root: Path | None = None) -> Path:
+        """The run directory `<output_dir>/<name>`, relative paths resolved against `root` (default: cwd)."""
+        base = self.run.output_dir if self.run.output_dir.is_absolute() else (root or Path.cwd()) / self.run.output_dir
+        return base / self.run.name
