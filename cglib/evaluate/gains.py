@@ -81,13 +81,19 @@ def model_roles(models: Sequence[dict]) -> dict[str, ModelRole]:
 def best_model(metrics: pd.DataFrame, roles: dict[str, ModelRole]) -> str | None:
     """The Table 3 row (other than a base or zoo model) with the highest mean over the Table 3 columns; None if
     none."""
-    table = table3(metrics) if len(metrics) else pd.DataFrame()
-    headers = [c.header for c in table3_columns(metrics)] if len(metrics) else []
+    if not len(metrics):
+        return None
+    return best_row(table3(metrics)[[c.header for c in table3_columns(metrics)]], roles)
+
+
+def best_row(table: pd.DataFrame, roles: dict[str, ModelRole]) -> str | None:
+    """The row of `table` (models x columns) with the highest mean, among the trained rows of the paper's kind
+    (no base, zoo or related-method model); None if none."""
     candidates = [m for m in table.index if m in roles and not roles[m].is_base and not roles[m].zoo
                   and not roles[m].related]
-    if not candidates or not headers:
+    if not candidates or not len(table.columns):
         return None
-    means = table.loc[candidates, headers].astype(float).mean(axis=1, skipna=True)
+    means = table.loc[candidates].astype(float).mean(axis=1, skipna=True)
     return None if means.isna().all() else str(means.idxmax())
 
 

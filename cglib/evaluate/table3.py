@@ -20,18 +20,6 @@ from cglib.evaluate.report import (
     signed,
 )
 
-# The paper's Table 3 (text->image "R@1", as the authors compute it: a 2-way forced choice), for reference.
-PAPER_TABLE3 = pd.DataFrame(
-    [[69.7, 67.7, 59.7, 56.5, 57.2, 91.1, 93.0, 91.4, 90.5, 96.6],
-     [74.2, 68.7, 59.5, 55.9, 57.4, 90.4, 92.9, 91.1, 90.3, 94.1],
-     [74.1, 70.2, 61.3, 57.3, 58.9, 92.4, 93.6, 92.6, 91.4, 96.8],
-     [74.8, 71.1, 61.7, 57.3, 59.1, 92.8, 93.9, 93.7, 93.6, 96.2],
-     [77.2, 73.8, 61.0, 58.6, 57.5, 91.4, 92.9, 87.4, 84.6, 88.0]],
-    index=pd.Index(["CLIP", "CLIP fine-tuned", "CLEAR GLASS centroid", "CLEAR GLASS pairwise",
-                    "pairwise + pretraining"], name="model"),
-    columns=["MAGIC captions", "MAGIC l1", "MAGIC l2", "MAGIC l3", "MAGIC l4",
-             "HierarCaps l1", "HierarCaps l2", "HierarCaps l3", "HierarCaps l4", "COCO"])
-
 
 @dataclass(frozen=True)
 class Column:
