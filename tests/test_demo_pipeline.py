@@ -66,6 +66,9 @@ def test_demo_series_runs_end_to_end(tmp_path):
     metrics = pd.read_csv(out / "evaluation" / "metrics.csv")
     assert (metrics["n_seeds"] == 2).all() and (out / "evaluation" / "seeds.csv").is_file()
     assert "| seeds |" in (out / "evaluation" / "table3.md").read_text()
+    # both evaluation protocols in one run: the authors' (beside the paper's rows) and the corrected Table 3
+    published = (out / "evaluation" / "table3_as_published.md").read_text()
+    assert all(f"| {r['name']}" in published for r in params["train"]["runs"]) and "| paper: CLIP |" in published
     # notebook 09: your own objective (defined in the notebook) trained beside clip and centroid, in Table 3
     trial = out / "own_objective"
     own = json.loads((trial / "training" / "triplet" / "summary.json").read_text())

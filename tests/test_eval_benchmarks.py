@@ -61,7 +61,7 @@ def outside_module(tmp_path, monkeypatch):
 def test_built_in_benchmarks_keep_their_order():
     """The registry's order is the order of the rows in every result file."""
     assert [b.name for b in BUILT_IN] == ["forced_choice", "gallery", "coco", "clustering", "keyword_permutation",
-                                          "hierarcaps"]
+                                          "hierarcaps", "forced_choice_published"]
 
 
 def test_an_outside_benchmark_is_scored_like_a_built_in_one(tmp_path, outside_module):
@@ -73,7 +73,8 @@ def test_an_outside_benchmark_is_scored_like_a_built_in_one(tmp_path, outside_mo
     ensure_initial(run)
     result = evaluate_run(run, progress=False)
     m = result.metrics
-    assert list(dict.fromkeys(m["benchmark"])) == ["forced_choice", "gallery", "coco", "clustering", "spread"]
+    assert list(dict.fromkeys(m["benchmark"])) == ["forced_choice", "gallery", "coco", "clustering",
+                                                   "forced_choice_published", "spread"]
     row = m[m["benchmark"] == "spread"].iloc[0]
     assert (row["labels"], row["metric"], row["n"]) == ("images", "cosine_to_mean", 12)
     assert row["ci_low"] <= row["value"] <= row["ci_high"]

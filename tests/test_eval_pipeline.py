@@ -120,6 +120,15 @@ def test_trained_models_are_compared_on_identical_items(tmp_path):
     assert set(loaded.gains["gain"]) == {"MAGIC", "Loss Function", "Best Model"}
     pd.testing.assert_frame_equal(loaded.gains, result.gains, check_dtype=False)
     assert "| Avg Accuracy Gain w.r.t. MAGIC |" in md and "Pretraining: absent" in md
+    # both protocols in one run: Table 3 as the authors scored it beside the paper's rows, same models and columns
+    assert list(loaded.table3_published.index) == list(loaded.table3.index)
+    assert list(loaded.table3_published.columns) == list(loaded.table3.columns)
+    published = m[m["benchmark"] == "forced_choice_published"]
+    assert set(published["level"]) == set(m[m["benchmark"] == "forced_choice"]["level"])
+    assert (published["chance"] == 0.5).all()
+    md_published = (run.dir / "evaluation" / "table3_as_published.md").read_text()
+    assert "| paper: CLEAR GLASS pairwise |" in md_published and "2-way, as published, chance 50.0%" in md_published
+    assert "TIES GO TO THE ANCHOR" in md_published
     fig = plot_accuracy_by_level(pd.read_csv(run.dir / "evaluation" / "metrics.csv"))
     assert [a.get_title() for a in fig.axes] == ["scored against the MAGIC DAG (magic.json)",
                                                  "scored against the world's ground truth"]
@@ -148,6 +157,12 @@ def test_hierarcaps_real_data_with_the_demo_model(tmp_path, shared_data):
     assert m.loc[("hierarcaps_batch", "t2i", "R@1", "l1")]["chance"] > 0.1
     tau = m.loc[("hierarcaps_hierarchy", "-", "kendall_tau", "all")]
     assert tau["ci_low"] > 0.2
+    # the authors' 2-way columns: against one item drawn from all 1,000 (rarely itself), near chance here
+    published = m.loc[("hierarcaps_published", "t2i", "accuracy", "l4")]
+    assert published["n"] == 1000 and published["chance"] == pytest.approx(0.5, abs=0.01)
+    assert 0.35 < published["value"] < 0.7
+    assert [c for c in result.table3_published.columns if c.startswith("HierarCaps l") and " " not in c[11:]] == \
+        ["HierarCaps l1", "HierarCaps l2", "HierarCaps l3", "HierarCaps l4"]
     print("\nHierarCaps, demo model (random image tower, MiniLM text):")
     print(result.metrics[result.metrics["benchmark"].str.startswith("hierarcaps")
                          & (result.metrics["metric"].isin(["R@1", "precision", "recall", "kendall_tau"]))]

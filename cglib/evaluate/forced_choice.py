@@ -16,6 +16,13 @@ Rules (and how the authors' code differs):
   (Authors: with replacement, and always the group's first item.)
 - Seeded: the same seed gives the same items for every model. Items that cannot get M-1 valid negatives are
   counted per reason and reported, not dropped silently.
+
+`protocol="as_published"` samples as the authors' code did (`EvaluationDataset` in their `src/training/data.py`,
+scored by `evaluate_scores(..., anchor_only=True)` in `train.py`), so that our numbers can sit beside the paper's:
+the anchor's text is the first of its type, the M-1 negative concepts are drawn with replacement from the l1
+group's hard negatives that have test images, each brings its concept's first test image and that image's first
+text of the type, nothing is checked against the anchor's texts, and ties go to the anchor (argmax takes the first
+of equal scores, and the anchor is first).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class ForcedChoiceSet:
     negative_texts: list[list[str]]  # n lists of M-1 strings
     n_items: int  # candidate items before exclusion
     excluded: Counter = field(default_factory=Counter)
+    protocol: str = "corrected"  # or "as_published": the authors' sampling, ties to the anchor
 
 
 def _rng(seed: int, text_field: TextField) -> np.random.Generator:
@@ -55,17 +63,25 @@ def _rng(seed: int, text_field: TextField) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(text_field.name.encode())])
 
 
+PROTOCOLS = ("corrected", "as_published")
+
+
 def sample_forced_choice(items: MagicItems, text_field: TextField, choices: int, seed: int,
-                         negative_source: str = "group") -> ForcedChoiceSet:
+                         negative_source: str = "group", protocol: str = "corrected") -> ForcedChoiceSet:
     """Draw M-1 valid negatives from distinct hard-negative groups for every item of a field (seeded).
 
     `negative_source`: "group" (the paper: hard negatives of the image's l1 group) or "level" (hard negatives
-    of the image's node at the field's level).
+    of the image's node at the field's level). `protocol`: "corrected" (the rules above) or "as_published" (the
+    authors' sampling; always from the l1 group).
     """
     if choices < 2:
         raise ValueError(f"forced choice needs at least 2 choices (eval.choices), got {choices}")
     if negative_source not in ("group", "level"):
         raise ValueError(f"negative_source must be 'group' or 'level', got {negative_source!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if protocol == "as_published":
+        return _sample_as_published(items, text_field, choices, seed)
     rng = _rng(seed, text_field)
     text_sets = [set(t) for t in text_field.texts]
     nodes = items.nodes_at(text_field.level if negative_source == "level" else 1)
@@ -111,9 +127,40 @@ def sample_forced_choice(items: MagicItems, text_field: TextField, choices: int,
         negative_texts=neg_texts, n_items=len(nodes), excluded=excluded)
 
 
+def _sample_as_published(items: MagicItems, text_field: TextField, choices: int, seed: int) -> ForcedChoiceSet:
+    """The authors' items: first texts, negative concepts with replacement, each concept's first test image."""
+    rng = np.random.default_rng([seed, zlib.crc32(f"as_published/{text_field.name}".encode())])
+    nodes = items.nodes_at(1)
+    first_row: dict[str, int] = {}  # each l1 concept's first test image with a text of this type
+    for row, group in enumerate(nodes):
+        if text_field.texts[row]:
+            first_row.setdefault(group, row)
+    anchors, anchor_texts, neg_rows, neg_texts = [], [], [], []
+    excluded: Counter = Counter()
+    for row, group in enumerate(nodes):
+        if not text_field.texts[row]:
+            excluded[NO_TEXT] += 1
+            continue
+        concepts = [g for g in items.negatives.get(group, []) if g in first_row]
+        if len(concepts) < choices - 1:
+            excluded[NO_GROUPS] += 1
+            continue
+        picked = [first_row[concepts[k]] for k in rng.integers(len(concepts), size=choices - 1)]
+        anchors.append(row)
+        anchor_texts.append(text_field.texts[row][0])
+        neg_rows.append(picked)
+        neg_texts.append([text_field.texts[j][0] for j in picked])
+    return ForcedChoiceSet(
+        field=text_field.key, labels=text_field.labels, seed=seed, choices=choices,
+        anchors=np.asarray(anchors, dtype=np.int64), anchor_texts=anchor_texts,
+        negative_images=np.asarray(neg_rows, dtype=np.int64).reshape(len(anchors), choices - 1),
+        negative_texts=neg_texts, n_items=len(nodes), excluded=excluded, protocol="as_published")
+
+
 def score_forced_choice(fc: ForcedChoiceSet, image_vectors: np.ndarray, text_vectors: np.ndarray,
                         text_index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-item correctness (1.0/0.0) for text->image and image->text; ties are wrong."""
+    """Per-item correctness (1.0/0.0) for text->image and image->text; ties are wrong (as published: the
+    anchor's)."""
     n = fc.anchors.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
@@ -126,8 +173,9 @@ def score_forced_choice(fc: ForcedChoiceSet, image_vectors: np.ndarray, text_vec
     # Every candidate's score comes from the same einsum, so identical vectors give identical scores (a tie).
     t2i = np.einsum("nd,nmd->nm", anchor_txt, image_vectors[image_rows])
     i2t = np.einsum("nd,nmd->nm", anchor_img, text_vectors[text_rows])
-    return ((t2i[:, 0] > t2i[:, 1:].max(axis=1)).astype(np.float64),
-            (i2t[:, 0] > i2t[:, 1:].max(axis=1)).astype(np.float64))
+    wins = np.greater_equal if fc.protocol == "as_published" else np.greater
+    return (wins(t2i[:, 0], t2i[:, 1:].max(axis=1)).astype(np.float64),
+            wins(i2t[:, 0], i2t[:, 1:].max(axis=1)).astype(np.float64))
 
 
 def pooled_scores(sets: list[ForcedChoiceSet], correct: list[np.ndarray],

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from cglib.evaluate.gains import GAINS, ModelRole, best_row, gain_sets
+from cglib.evaluate.report import markdown_table
+from cglib.evaluate.table3 import table3_display
 
 COLUMNS = ["MAGIC captions", "MAGIC l1", "MAGIC l2", "MAGIC l3", "MAGIC l4",
            "HierarCaps l1", "HierarCaps l2", "HierarCaps l3", "HierarCaps l4", "COCO"]
@@ -137,3 +139,29 @@ def paper_beside_ours() -> pd.DataFrame:
     frames = {("printed", g): PAPER_GAINS.loc[g] for g in GAINS} | {("ours", g): ours.loc[g] for g in GAINS}
     table = pd.DataFrame(frames).T.round(1)
     return table.reindex([(kind, g) for g in GAINS for kind in ("printed", "ours")])
+
+
+def table3_as_published_markdown(table: pd.DataFrame, protocols: dict[str, str], choices: int) -> str:
+    """table3_as_published.md: this run's Table 3 under the authors' protocol, the paper's rows as printed under
+    it (the columns both have), and what the protocol is."""
+    display = table3_display(table)
+    printed = PAPER_TABLE3.reindex(columns=display.columns).map(lambda v: "-" if pd.isna(v) else f"{v:.1f}")
+    printed.index = [f"paper: {name}" for name in printed.index]
+    both = pd.concat([display, printed.astype(object)]).fillna("-")
+    both.index.name = "model"
+    both = both.rename(columns={h: f"{h} ({p})" for h, p in protocols.items()})
+    notes = [
+        (f"Text->image accuracy in %, scored as the authors' code scored it (their EvaluationDataset and "
+        f"evaluate_scores; {choices}-way): each image with the FIRST of its texts of a type; its negative "
+        "concepts drawn WITH replacement from its l1 group's hard negatives, each bringing the concept's FIRST test "
+        "image and that image's first text; no check that a negative's text differs from the anchor's (at l2-l4 "
+        "they often share it); TIES GO TO THE ANCHOR. HierarCaps: each item against items drawn with replacement "
+        "from all items, itself included, found by its level-4 text."),
+        ("These columns are comparable with the paper's in protocol only: the paper's rows are OpenAI's CLIP "
+        "ViT-B/32 and its fine-tunes on COCO's photos; this run's rows are its own models on its own data. "
+        "Compare the pattern across columns and rows, not the levels."),
+        ("Table 3 (table3.md) scores the same models with the corrected protocol (distinct negatives, no identical "
+        "texts, ties wrong); the difference between the two tables is what the evaluation corrections change."),
+    ]
+    return "\n".join(["# Table 3 as published (the authors' evaluation protocol), with the paper's rows", "",
+                      markdown_table(both), "", *[f"- {n}" for n in notes], ""])

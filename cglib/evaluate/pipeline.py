@@ -15,6 +15,8 @@ Files under `<run>/evaluation/`:
     differences.csv  paired differences between every two models on the same items, with paired CIs, p-values
                      and Holm-adjusted p-values (the family: every difference of that metric row)
     table3.csv/.md   Table 3 regenerated (percent, 95% CIs); the .md also has the paper's gain rows under it
+    table3_as_published.csv/.md   the same models scored with the authors' evaluation protocol, the paper's rows
+                     under them (evaluate/paper.py)
     gains.csv        the "Avg Accuracy Gain w.r.t." rows per Table 3 column (points, relative %, paired CIs)
     scores.npz       the per-query scores behind every number (to recompute any interval or difference)
     embeddings/      per-model embedding caches
@@ -333,9 +335,10 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
                                   model_roles(models), p.bootstrap, p.ci, params.run.seed)
     info["gains"] = {"notes": gain_notes}
     info["seconds"] = round(time.perf_counter() - start, 2)
-    paths = write_results(out_dir, run, metrics, differences, table, info, scores, gains, seeds_table)
+    published = table3(metrics, "as_published")
+    paths = write_results(out_dir, run, metrics, differences, table, info, scores, gains, seeds_table, published)
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=out_dir,
-                       paths=paths, gains=gains, seeds=seeds_table)
+                       paths=paths, gains=gains, seeds=seeds_table, table3_published=published)
 
 
 def _magic_pixels_at(size: int, main: int, run: RunContext, magic, dataset: CaptionDataset, image_ids: list[str],

@@ -33,27 +33,34 @@ class Column:
     level: str
 
 
-def table3_columns(metrics: pd.DataFrame) -> list[Column]:
+# Table 3 under each evaluation protocol: (forced-choice benchmark, HierarCaps benchmark and metric)
+PROTOCOL_COLUMNS = {"corrected": ("forced_choice", "hierarcaps_batch", "R@1"),
+                    "as_published": ("forced_choice_published", "hierarcaps_published", "accuracy")}
+
+
+def table3_columns(metrics: pd.DataFrame, protocol: str = "corrected") -> list[Column]:
     """Table 3's columns present in `metrics`: MAGIC (DAG, then ground truth), HierarCaps, COCO; all text->image.
 
     The paper's six text types map to: MAGIC captions = generalized captions, l1-l4 = concept names,
-    COCO = the original captions, all in the forced choice; HierarCaps = the B-way in-batch R@1 per level.
+    COCO = the original captions, all in the forced choice; HierarCaps = the B-way in-batch R@1 per level
+    (corrected) or the authors' 2-way choice against a random item (as_published). `protocol`: corrected (our
+    forced choice) or as_published (the authors' sampling and tie rule, to compare with the paper).
     """
+    forced, hierarcaps, hc_metric = PROTOCOL_COLUMNS[protocol]
     levels = sorted({lv for lv in metrics["level"] if lv.startswith("l") and lv[1:].isdigit()},
                     key=lambda s: int(s[1:]))
-    candidates = [Column("MAGIC captions", "forced_choice", "dag", "t2i", "accuracy", "generalized")]
-    candidates += [Column(f"MAGIC {lv}", "forced_choice", "dag", "t2i", "accuracy", lv) for lv in levels]
-    candidates += [Column(f"GT {lv}", "forced_choice", "ground_truth", "t2i", "accuracy", lv) for lv in levels]
-    candidates += [Column(f"HierarCaps {lv}", "hierarcaps_batch", "hierarcaps", "t2i", "R@1", lv)
-                   for lv in levels]
-    candidates.append(Column("COCO", "forced_choice", "dag", "t2i", "accuracy", "caption"))
+    candidates = [Column("MAGIC captions", forced, "dag", "t2i", "accuracy", "generalized")]
+    candidates += [Column(f"MAGIC {lv}", forced, "dag", "t2i", "accuracy", lv) for lv in levels]
+    candidates += [Column(f"GT {lv}", forced, "ground_truth", "t2i", "accuracy", lv) for lv in levels]
+    candidates += [Column(f"HierarCaps {lv}", hierarcaps, "hierarcaps", "t2i", hc_metric, lv) for lv in levels]
+    candidates.append(Column("COCO", forced, "dag", "t2i", "accuracy", "caption"))
     keys = set(map(tuple, metrics[["benchmark", "labels", "direction", "metric", "level"]].to_numpy()))
     return [c for c in candidates if (c.benchmark, c.labels, c.direction, c.metric, c.level) in keys]
 
 
-def table3(metrics: pd.DataFrame) -> pd.DataFrame:
+def table3(metrics: pd.DataFrame, protocol: str = "corrected") -> pd.DataFrame:
     """Table 3 as numbers: one row per model; per column its value, CI low and high (percent)."""
-    columns = table3_columns(metrics)
+    columns = table3_columns(metrics, protocol)
     rows = []
     for model in model_order(metrics):
         m = metrics[metrics["model"] == model]
@@ -91,16 +98,19 @@ def table3_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def table3_protocols(table: pd.DataFrame, info: dict) -> dict[str, str]:
+def table3_protocols(table: pd.DataFrame, info: dict, protocol: str = "corrected") -> dict[str, str]:
     """Each Table 3 column's protocol and chance, for its header: '2-way forced choice, chance 50.0%'."""
     s = info["settings"]
     n_hc = (info.get("hierarcaps") or {}).get("n_items") or s.get("hierarcaps_batch", 100)
     out = {}
     for h in [c for c in table3_display(table).columns if c != "seeds"]:
-        protocol = (f"{min(s.get('hierarcaps_batch', 100), n_hc)}-way in-batch" if h.startswith("HierarCaps")
+        if protocol == "as_published":
+            kind = f"{s['choices']}-way, as published"
+        else:
+            kind = (f"{min(s.get('hierarcaps_batch', 100), n_hc)}-way in-batch" if h.startswith("HierarCaps")
                     else f"{s['choices']}-way forced choice")
         chance = table[f"{h} chance"].dropna() if f"{h} chance" in table.columns else pd.Series(dtype=float)
-        out[h] = protocol + (f", chance {chance.iloc[0]:.1f}%" if len(chance) else "")
+        out[h] = kind + (f", chance {chance.iloc[0]:.1f}%" if len(chance) else "")
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from cglib.evaluate.benchmarks.base import Benchmark, EvalContext, ImageSet, Key, Scored, image_vectors
 from cglib.evaluate.benchmarks.clustering import Clustering
-from cglib.evaluate.benchmarks.forced_choice import ForcedChoice
+from cglib.evaluate.benchmarks.forced_choice import ForcedChoice, ForcedChoicePublished
 from cglib.evaluate.benchmarks.gallery import CocoCaptions, Gallery
 from cglib.evaluate.benchmarks.hierarcaps import HierarCaps
 from cglib.evaluate.benchmarks.keyword_permutation import KeywordPermutation
@@ -16,7 +16,7 @@ __all__ = ["BUILT_IN", "Benchmark", "EvalContext", "ImageSet", "Key", "Scored", 
            "load_benchmark"]
 
 BUILT_IN: tuple[type[Benchmark], ...] = (ForcedChoice, Gallery, CocoCaptions, Clustering, KeywordPermutation,
-                                         HierarCaps)
+                                         HierarCaps, ForcedChoicePublished)
 
 
 def load_benchmark(path: str) -> type[Benchmark]:

@@ -1,4 +1,5 @@
-"""The forced choice on the MAGIC test images (the paper's protocol, fixed: cglib/evaluate/forced_choice.py)."""
+"""The forced choice on the MAGIC test images (cglib/evaluate/forced_choice.py): the paper's protocol fixed
+(`forced_choice`) and as the authors' code ran it (`forced_choice_published`), both in every run."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ class ForcedChoiceItems:
 
     fields: list[TextField]
     sets: dict[str, list[ForcedChoiceSet]]
+    benchmark: str = "forced_choice"
 
-    @staticmethod
-    def key(f: TextField, direction: str) -> Key:
-        return ("forced_choice", f.labels, direction, "accuracy", f.key)
+    def key(self, f: TextField, direction: str) -> Key:
+        return (self.benchmark, f.labels, direction, "accuracy", f.key)
 
 
 class ForcedChoice(Benchmark):
     name = "forced_choice"
+    sampling = "corrected"  # forced_choice.PROTOCOLS
     protocol = (
         "Each test image with one of its texts of a type is put against M-1 negatives (eval.choices = M), each "
         "from a different hard-negative group of its l1 group and bringing its own image and its own text of the "
@@ -47,8 +49,8 @@ class ForcedChoice(Benchmark):
         p = context.params.eval
         fields = context.items.fields
         return ForcedChoiceItems(fields, {f.name: [sample_forced_choice(context.items, f, p.choices, seed,
-                                                                        p.negative_source) for seed in p.seeds]
-                                          for f in fields})
+                                                                        p.negative_source, self.sampling)
+                                                   for seed in p.seeds] for f in fields}, self.name)
 
     def texts(self, items: ForcedChoiceItems) -> list[str]:
         return sorted({t for f in items.fields for texts in f.texts for t in texts})
@@ -76,6 +78,20 @@ class ForcedChoice(Benchmark):
 
     def describe(self, items: ForcedChoiceItems, per_model: dict[str, dict]) -> dict:
         return {"items": {
-            "forced_choice_excluded": {name: {str(s.seed): dict(s.excluded) for s in sets}
-                                       for name, sets in items.sets.items()},
-            "forced_choice_items": {name: sets[0].anchors.size for name, sets in items.sets.items()}}}
+            f"{self.name}_excluded": {name: {str(s.seed): dict(s.excluded) for s in sets}
+                                      for name, sets in items.sets.items()},
+            f"{self.name}_items": {name: sets[0].anchors.size for name, sets in items.sets.items()}}}
+
+
+class ForcedChoicePublished(ForcedChoice):
+    """The same texts and M, sampled and scored as the authors' code did: the columns to compare with the paper."""
+
+    name = "forced_choice_published"
+    sampling = "as_published"
+    protocol = (
+        "As the authors' code ran the forced choice (their EvaluationDataset and evaluate_scores): each test image "
+        "with the first of its texts of a type against M-1 negative concepts drawn with replacement from its l1 "
+        "group's hard negatives that have test images, each bringing the concept's first test image and that "
+        "image's first text of the type; no check that a negative differs from the anchor (at l2-l4 it often "
+        "shares the anchor's name); ties go to the anchor. Chance = 1/M for a random scorer; identical texts "
+        "score as correct.")

@@ -13,7 +13,14 @@ from cglib.data.image_cache import build_image_cache
 from cglib.evaluate.benchmarks.base import Benchmark, EvalContext, ImageSet, Key, Scored, image_vectors
 from cglib.evaluate.embeddings import Embeddings, pixel_fingerprint
 from cglib.evaluate.gallery import MetricScores
-from cglib.evaluate.hierarcaps import ROOT_TEXT, hierarchical_metric, in_batch_accuracy, level_retrieval
+from cglib.evaluate.hierarcaps import (
+    ROOT_TEXT,
+    hierarchical_metric,
+    in_batch_accuracy,
+    level_retrieval,
+    published_accuracy,
+    published_negatives,
+)
 
 TAU_KEY = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
 
@@ -78,8 +85,11 @@ class HierarCaps(Benchmark):
     protocol = (
         "Per level, each of the n items' texts queries all n images; a hit is an image with the same text at "
         "that level (strings repeat at levels 1-2). In-batch: each item against B-1 random other items "
-        "(eval.hierarcaps_batch), R@1, resampled per seed. Hierarchy: the HierarCaps authors' precision, recall "
-        "(root = empty string, eval.hierarcaps_radii radii) and Kendall tau-b of root distance vs level.")
+        "(eval.hierarcaps_batch), R@1, resampled per seed. As published (the CLEAR GLASS authors' columns, "
+        "hierarcaps_published): each item against M-1 items drawn with replacement from all items, itself "
+        "included (eval.choices = M), the drawn item found by its level-4 text, ties to the anchor. Hierarchy: the "
+        "HierarCaps authors' precision, recall (root = empty string, eval.hierarcaps_radii radii) and Kendall "
+        "tau-b of root distance vs level.")
     absent: ClassVar[dict[str, None]] = {"hierarcaps": None}
 
     def enabled(self, params) -> bool:
@@ -106,6 +116,8 @@ class HierarCaps(Benchmark):
         hc_items = items.items
         images = image_vectors(emb, [item.image_id for item in hc_items])
         out: dict[Key, MetricScores] = {}
+        level4 = [item.levels[-1] for item in hc_items]  # the authors matched a drawn negative by its last level
+        negatives = [published_negatives(level4, p.choices, seed) for seed in p.seeds]  # shared by the levels
         for level in range(1, len(hc_items[0].levels) + 1):
             texts = [item.levels[level - 1] for item in hc_items]
             for (direction, metric), ms in level_retrieval(texts, images, emb.text_vectors, emb.text_index,
@@ -114,6 +126,9 @@ class HierarCaps(Benchmark):
             for (direction, metric), ms in in_batch_accuracy(texts, images, emb.text_vectors, emb.text_index,
                                                              p.hierarcaps_batch, p.seeds).items():
                 out[("hierarcaps_batch", "hierarcaps", direction, metric, f"l{level}")] = ms
+            for (direction, metric), ms in published_accuracy(texts, negatives, images, emb.text_vectors,
+                                                              emb.text_index).items():
+                out[("hierarcaps_published", "hierarcaps", direction, metric, f"l{level}")] = ms
         root = emb.text([ROOT_TEXT])[0]
         h = hierarchical_metric(hc_items, images, emb.text_vectors, emb.text_index, root, radii=p.hierarcaps_radii)
         nan = float("nan")
