@@ -118,7 +118,7 @@ def run_loss(name: str, bundle: ClipModel, batches, args, t, device: torch.devic
     """Warmup then timed steps of one loss; phase seconds, pairs/s and peak memory."""
     towers = Towers(bundle.model)
     loss_fn = make_loss(name, t)
-    optimizer = build_optimizer(bundle.model, t.lr, t.weight_decay)
+    optimizer = build_optimizer(bundle.model, t.lr, t.weight_decay, betas=t.adam_betas, eps=t.adam_eps)
     total = args.warmup + args.steps
     scheduler = warmup_cosine(optimizer, min(t.warmup_steps, total - 1), total)
     m, n = t.groups_per_batch, t.pairs_per_group

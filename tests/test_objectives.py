@@ -96,7 +96,7 @@ def test_group_options_default_to_the_train_section(tmp_path):
     assert centroid["options"]["alpha"] == 0.25 and centroid["options"]["alpha_on"] == "outer"
     built = build_objective(run.params, run.params.train.runs[2], centroid)
     assert (built.tau_inner, built.alpha, built.alpha_on) == (t.tau_inner, 0.25, "outer")
-    with pytest.raises(ValueError, match="needs options tau_inner and alpha"):
+    with pytest.raises(ValueError, match="needs options tau_inner, alpha, alpha_on, normalize_products"):
         OBJECTIVES["pairwise"]({"tau": 0.1})
 
 

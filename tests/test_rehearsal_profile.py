@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from cglib.cli import main as cli_main
 from cglib.config import ModelParams, Params, TrainParams, parse_params
 from cglib.models import build_model
+from cglib.train.optim import amp_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 REHEARSAL = REPO / "params" / "rehearsal.yaml"
@@ -36,7 +37,7 @@ FORCED = {
     "llm.base_url",
     "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
-    "train.epochs", "train.warmup_steps", "train.amp", "train.num_workers", "train.runs",
+    "train.epochs", "train.warmup_steps", "train.num_workers", "train.runs",
     "eval.bootstrap", "eval.zoo",
     "search.trials",
 }
@@ -56,9 +57,11 @@ def flat(params: Params) -> dict[str, object]:
 
 
 def test_rehearsal_validates_as_its_own_profile() -> None:
-    """The rehearsal file validates (paths aside) and names the rehearsal profile; fp32 on CPU, pairs epoch."""
+    """The rehearsal file validates (paths aside) and names the rehearsal profile; the published protocol as the
+    paper profile, whose fp16 is fp32 on CPU; pairs epoch."""
     params = load(REHEARSAL)
-    assert params.run.profile == "rehearsal" and params.run.device == "cpu" and params.train.amp == "off"
+    assert params.run.profile == "rehearsal" and params.run.device == "cpu" and params.train.amp == "auto_fp16"
+    assert params.run.protocol == "as_published" and amp_dtype(params.train.amp, torch.device("cpu")) is None
     assert params.llm.backend == "openai" and params.llm.base_url.startswith("http://127.0.0.1:")
     assert params.data.source == "coco" and params.eval.hierarcaps
     assert yaml.safe_load(REHEARSAL.read_text())["train"]["epoch"] == "pairs"

@@ -36,7 +36,8 @@ def memory_steps(run_dir: Path, info: DistInfo) -> dict:
     rows, table = {t: k for k, t in enumerate(texts)}, torch.from_numpy(encode_texts(bundle, texts))
     memory = initial_memory(bundle, sampler, inputs.cache, 0.5).broadcast()
     initial = memory.state_dict()
-    objective = MemoryCentroid({"tau": 0.1, "options": {"tau_inner": 0.1, "alpha": 0.7, "memory_momentum": 0.5}})
+    objective = MemoryCentroid({"tau": 0.1, "options": {"tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner",
+                                                        "memory_momentum": 0.5}})
     objective.memory = memory
     module = wrap(GroupTask(bundle, objective, table), info)
     stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,

@@ -21,7 +21,8 @@ from cglib.train.checkpoint import load_checkpoint, save_checkpoint
 from cglib.train.objectives import Pairwise
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
 
-SPEC = {"loss": "pairwise", "tau": 0.1, "options": {"tau_inner": 0.1, "alpha": 0.7}}
+SPEC = {"loss": "pairwise", "tau": 0.1,
+        "options": {"tau_inner": 0.1, "alpha": 0.7, "alpha_on": "inner", "normalize_products": False}}
 
 
 def _stepper(bundle, amp, table):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from cglib.config.base import Section
 from cglib.config.evaluation import EvalParams, SearchParams, VizParams
 from cglib.config.inputs import DataParams, LLMParams, MagicParams, ModelParams, NgramParams, RunParams
+from cglib.config.protocol import apply_protocol
 from cglib.config.training import TrainParams
 
 
@@ -23,6 +25,12 @@ class Params(Section):
     eval: EvalParams = Field(default_factory=EvalParams)
     viz: VizParams = Field(default_factory=VizParams)
     search: SearchParams = Field(default_factory=SearchParams)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol(cls, data: Any) -> Any:
+        """run.protocol fills the protocol keys of the train section the file leaves unset."""
+        return apply_protocol(data)
 
     @model_validator(mode="after")
     def _cross_section(self) -> Params:

@@ -156,7 +156,14 @@ class TrainParams(Section):
     alpha: float = Field(0.7, ge=0.0, le=1.0, description="Weight of the inner term (Eqs. 4, 8).")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clipping.")
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps.")
-    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="Mixed precision (auto: bf16 on GPU, off on CPU).")
+    amp: Literal["auto", "off", "bf16", "fp16", "auto_fp16"] = Field(
+        "auto", description="Mixed precision. auto: bf16 on GPU, off (fp32) on CPU; auto_fp16: fp16 autocast with "
+        "loss scaling on GPU (the authors' precision), off on CPU; bf16, fp16 (GPU only) or off everywhere.")
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.98), description="AdamW betas of the image-text and text phases: open_clip's ViT fine-tuning recipe; "
+        "the authors' code ran (0.9, 0.999) (its parameter defaults test the model name for 'vit').")
+    adam_eps: float = Field(1e-6, gt=0, description="AdamW epsilon (open_clip's ViT recipe; the authors' code: "
+                            "1e-8).")
     pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
     pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
     pretrain_batch_size: int = Field(64, ge=2, description="Text pairs per textual-pretraining batch (distinct "

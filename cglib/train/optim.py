@@ -14,9 +14,11 @@ def _no_decay(name: str, param: torch.nn.Parameter) -> bool:
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
-                    head: torch.nn.Module | None = None) -> torch.optim.AdamW:
+                    head: torch.nn.Module | None = None, betas: tuple[float, float] = (0.9, 0.98),
+                    eps: float = 1e-6) -> torch.optim.AdamW:
     """AdamW over the trainable parameters (and a training-only `head`'s, after the model's), weight decay on
-    matrices only (no biases, norms, logit scale)."""
+    matrices only (no biases, norms, logit scale). The default betas and eps are open_clip's fine-tuning recipe
+    for ViT models (train.adam_betas, train.adam_eps; the authors' code ran (0.9, 0.999) and 1e-8)."""
     decay, no_decay = [], []
     named = list(model.named_parameters()) + (list(head.named_parameters(prefix="head")) if head else [])
     for name, param in named:
@@ -25,8 +27,7 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
     if not decay and not no_decay:
         raise ValueError("no trainable parameters: check model.freeze_text and the run's phase")
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # betas and eps of open_clip's fine-tuning recipe for ViT models
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.98), eps=1e-6)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=tuple(betas), eps=eps)
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
@@ -47,9 +48,12 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_ste
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype for train.amp: auto = bf16 on CUDA (fp16 where bf16 is unsupported), off on CPU."""
+    """Autocast dtype for train.amp: auto = bf16 on CUDA (fp16 where bf16 is unsupported), off on CPU;
+    auto_fp16 = fp16 with loss scaling on CUDA (the authors' precision), off on CPU."""
     if amp == "off":
         return None
+    if amp == "auto_fp16":
+        return torch.float16 if device.type == "cuda" else None
     if amp == "auto":
         if device.type != "cuda":
             return None

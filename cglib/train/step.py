@@ -76,13 +76,14 @@ class Stepper:
 
     def __init__(self, model: torch.nn.Module, module: torch.nn.Module, *, lr: float, weight_decay: float,
                  warmup_steps: int, total_steps: int, amp: torch.dtype | None, grad_clip: float,
-                 device: torch.device, head: torch.nn.Module | None = None) -> None:
+                 device: torch.device, head: torch.nn.Module | None = None,
+                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-6) -> None:
         """`head`: a training-only module (the objective, e.g. mcc's concept head) optimized and clipped with the
         model; its weights are saved with the objective's state (checkpoint.py), the optimizer's moments here."""
         self.module, self.amp, self.grad_clip, self.device, self.head = module, amp, grad_clip, device, head
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.params += [p for p in head.parameters() if p.requires_grad] if head is not None else []
-        self.optimizer = build_optimizer(model, lr, weight_decay, head)
+        self.optimizer = build_optimizer(model, lr, weight_decay, head, betas, eps)
         self.scheduler = warmup_cosine(self.optimizer, warmup_steps, total_steps)
         # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op that still saves its state)
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)

@@ -158,7 +158,8 @@ class Trainer:
         the checkpoint when it was saved inside this phase."""
         stepper = Stepper(self.bundle.model, module, lr=lr, weight_decay=self.t.weight_decay,
                           warmup_steps=self._warmup(total, phase), total_steps=total, amp=self.amp,
-                          grad_clip=self.t.grad_clip, device=self.device, head=head)
+                          grad_clip=self.t.grad_clip, device=self.device, head=head, betas=self.t.adam_betas,
+                          eps=self.t.adam_eps)
         if ckpt is not None:
             if ckpt["stepper"] is not None:  # None: saved between phases, the new phase starts a fresh optimizer
                 stepper.load_state_dict(ckpt["stepper"])

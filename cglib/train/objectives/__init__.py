@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from cglib.config.protocol import protocol_options
 from cglib.plugins import load_plugin
 from cglib.train.objectives.base import FAMILIES, GroupFeatures, Objective, Setup
 from cglib.train.objectives.centroid import Centroid
@@ -61,8 +62,10 @@ def build_objective(params: Any, entry: Any, spec: dict[str, Any]) -> Objective:
     return objective_for(entry)(spec, params)
 
 
-def objective_with(loss: str, tau: float, **settings: Any) -> Objective:
+def objective_with(loss: str, tau: float, protocol: str = "corrected", **settings: Any) -> Objective:
     """An objective outside a run (figures, benchmarks, notebooks) from shared settings: each objective takes the
-    settings its Options declare (a group loss tau_inner, alpha, alpha_on; clip none of them)."""
+    settings its Options declare (a group loss tau_inner, alpha, alpha_on; clip none of them); the protocol keys
+    it is not given take `protocol`'s values (run.protocol)."""
     cls = objective_class(loss)
-    return cls({"tau": tau, "options": {k: v for k, v in settings.items() if k in cls.Options.model_fields}})
+    options = cls.Options.model_validate({k: v for k, v in settings.items() if k in cls.Options.model_fields})
+    return cls({"tau": tau, "options": {**options.model_dump(), **protocol_options(options, protocol)}})

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from cglib.config import Params, Section
+from cglib.config.protocol import option_keys, protocol_options
 from cglib.train.objectives.base import Objective
 
 
@@ -25,8 +26,9 @@ class GroupLossOptions(Section):
                                     "train.tau_inner.")
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="Weight of the inner term (Eqs. 4, 8); null = "
                                 "train.alpha.")
-    alpha_on: Literal["inner", "outer"] = Field(
-        "inner", description="Which term alpha weighs: inner (the paper's equations) or outer (the authors' code).")
+    alpha_on: Literal["inner", "outer"] | None = Field(
+        None, description="Which term alpha weighs: inner (the paper's Eqs. 4, 8) or outer (the authors' loss.py); "
+        "null = run.protocol's (corrected: inner, as_published: outer).")
 
 
 class GroupObjective(Objective):
@@ -38,13 +40,14 @@ class GroupObjective(Objective):
 
     def __init__(self, spec: dict[str, Any], params: Params | None = None) -> None:
         super().__init__(spec, params)
-        unset = [key for key in ("tau_inner", "alpha") if getattr(self.options, key) is None]
-        if unset:  # run_spec fills them from the train section; a hand-made spec must give them
-            raise ValueError(f"the {self.name} objective needs options {' and '.join(unset)}: give them in the "
-                             "spec's options, or build it from run_spec (which takes them from train)")
+        keys = ["tau_inner", "alpha", *option_keys(self.Options)]
+        unset = [key for key in keys if getattr(self.options, key) is None]
+        if unset:  # run_spec fills them from the train section and run.protocol; a hand-made spec must give them
+            raise ValueError(f"the {self.name} objective needs options {', '.join(unset)}: give them in the "
+                             "spec's options, or build it from run_spec (train and run.protocol fill them)")
         self.tau_inner, self.alpha, self.alpha_on = self.options.tau_inner, self.options.alpha, self.options.alpha_on
 
     @classmethod
     def resolve_options(cls, options: GroupLossOptions, params: Params) -> GroupLossOptions:
         filled = {key: getattr(params.train, key) for key in ("tau_inner", "alpha") if getattr(options, key) is None}
-        return options.model_copy(update=filled)
+        return options.model_copy(update={**filled, **protocol_options(options, params.run.protocol)})

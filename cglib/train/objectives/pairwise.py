@@ -13,9 +13,10 @@ from cglib.train.objectives.group_loss import GroupLossOptions, GroupObjective
 class PairwiseOptions(GroupLossOptions):
     """train.runs[i].options of a loss: pairwise run."""
 
-    normalize_products: bool = Field(
-        False, description="The authors' inner term (their loss.py): each group's centroid is the normalized mean "
-        "of the normalized combined vectors I_i * T_j, not Eq. 1's mean of the raw ones.")
+    normalize_products: bool | None = Field(
+        None, description="The authors' inner term (their loss.py): each group's centroid is the normalized mean "
+        "of the normalized combined vectors I_i * T_j, not Eq. 1's mean of the raw ones; null = run.protocol's "
+        "(corrected: false, as_published: true).")
 
 
 class Pairwise(GroupObjective):

@@ -1,0 +1,114 @@
+"""The paper as published and as corrected (issue #32 item 1): run.protocol sets every protocol key a params file
+leaves unset, a key the file sets wins, corrected is the schema's defaults, the authors' optimizer is built as their
+main.py builds it, and the README's fidelity table lists every key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from cglib.config import Params, TrainParams, load_params
+from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX, protocol_value
+from cglib.train.inputs import run_spec
+from cglib.train.objectives import objective_with
+from cglib.train.optim import amp_dtype, build_optimizer
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = [{"name": "clip", "loss": "clip"}, {"name": "pairwise", "loss": "pairwise"},
+        {"name": "centroid", "loss": "centroid"}]
+
+
+def options_of(params: Params, name: str) -> dict:
+    entry = next(r for r in params.train.runs if r.name == name)
+    return run_spec(params, entry)["run"].get("options", {})
+
+
+def test_corrected_is_the_schema_default():
+    """Every corrected value equals what a params file without run.protocol gets: the umbrella's default changes
+    nothing, and the default runs' options resolve to the printed equations."""
+    train = TrainParams()
+    for d in DIFFERENCES:
+        if not d.key.startswith(OPTION_PREFIX):
+            assert getattr(train, d.key.split(".")[1]) == pytest.approx(d.corrected), d.key
+    params = Params.model_validate({"train": {"runs": RUNS}})
+    assert params.run.protocol == "corrected"
+    assert options_of(params, "pairwise")["alpha_on"] == "inner" and not options_of(params, "pairwise")["normalize_products"]
+
+
+def test_as_published_sets_every_key_the_file_leaves_unset_and_a_set_key_wins():
+    params = Params.model_validate({"run": {"protocol": "as_published"},
+                                    "train": {"weight_decay": 0.05, "runs": [
+                                        *RUNS, {"name": "inner", "loss": "centroid", "options": {"alpha_on": "inner"}}]}})
+    t = params.train
+    assert t.weight_decay == 0.05  # the file's own value
+    assert (t.warmup_steps, t.adam_betas, t.adam_eps, t.amp, t.tau_inner) == (1430, (0.9, 0.999), 1e-8, "auto_fp16",
+                                                                              0.07)
+    assert options_of(params, "pairwise") == {"tau_inner": 0.07, "alpha": 0.7, "alpha_on": "outer",
+                                              "normalize_products": True}
+    assert options_of(params, "centroid")["alpha_on"] == "outer"
+    assert options_of(params, "inner")["alpha_on"] == "inner"  # the entry's own option
+    assert "options" not in run_spec(params, params.train.runs[0])["run"]  # clip takes none of them
+    with pytest.raises(ValueError, match="run.protocol must be one of corrected, as_published"):
+        protocol_value("train.amp", "published")
+
+
+def test_the_protocol_changes_the_spec_of_the_runs_it_changes():
+    """A group-loss run's spec (so its cached weights) differs between the protocols; built outside a run, the
+    objective takes the protocol's options too."""
+    plain = Params.model_validate({"train": {"runs": RUNS}})
+    published = Params.model_validate({"run": {"protocol": "as_published"}, "train": {"runs": RUNS}})
+    assert run_spec(plain, plain.train.runs[1]) != run_spec(published, published.train.runs[1])
+    built = objective_with("pairwise", 0.1, protocol="as_published", tau_inner=0.07, alpha=0.7)
+    assert (built.alpha_on, built.options.normalize_products) == ("outer", True)
+    assert objective_with("pairwise", 0.1, tau_inner=0.1, alpha=0.7).alpha_on == "inner"
+
+
+def test_paper_profiles_differ_only_in_name_and_protocol():
+    """params/paper_corrected.yaml is params/paper.yaml with run.protocol corrected (and its own run name)."""
+    def flat(tree, prefix=""):
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    paper, corrected = (flat(yaml.safe_load((REPO / "params" / f).read_text())) for f in
+                        ("paper.yaml", "paper_corrected.yaml"))
+    assert {k for k in paper.keys() | corrected.keys() if paper.get(k) != corrected.get(k)} == {"run.name",
+                                                                                                "run.protocol"}
+    assert (paper["run.protocol"], corrected["run.protocol"]) == ("as_published", "corrected")
+    loaded = load_params(REPO / "params" / "paper.yaml", check_paths=False)
+    for d in DIFFERENCES:
+        if not d.key.startswith(OPTION_PREFIX):
+            assert getattr(loaded.train, d.key.split(".")[1]) == pytest.approx(d.as_published), d.key
+
+
+def test_the_authors_optimizer_as_their_main_py_builds_it():
+    """As published: AdamW with no decay on gains, biases and the logit scale, decay 4.53e-5 elsewhere, betas (0.9,
+    0.999), eps 1e-8 (their main.py, literally); fp16 on a GPU and fp32 on the CPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    model.logit_scale = torch.nn.Parameter(torch.ones([]))
+    t = Params.model_validate({"run": {"protocol": "as_published"}}).train
+    ours = build_optimizer(model, 1e-8, t.weight_decay, betas=t.adam_betas, eps=t.adam_eps)
+    # their main.py
+    exclude = lambda n, p: p.ndim < 2 or "bn" in n or "ln" in n or "bias" in n or "logit_scale" in n
+    named = list(model.named_parameters())
+    theirs = torch.optim.AdamW([{"params": [p for n, p in named if exclude(n, p)], "weight_decay": 0.0},
+                                {"params": [p for n, p in named if not exclude(n, p)], "weight_decay": 4.5269353639276774e-05}],
+                               lr=1e-8, betas=(0.9, 0.999), eps=1e-8)
+    def groups(opt):
+        return sorted((g["weight_decay"], g["betas"], g["eps"], sorted(id(p) for p in g["params"]))
+                      for g in opt.param_groups)
+    assert groups(ours) == groups(theirs)
+    assert amp_dtype("auto_fp16", torch.device("cpu")) is None
+
+
+def test_the_readme_fidelity_table_lists_every_protocol_key():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Paper fidelity", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    missing = [d.key for d in DIFFERENCES if not any(line.startswith(f"| `{d.key}` |") for line in rows)]
+    assert not missing, f"README's fidelity table lacks {missing}: add a row for each (key, both values, source)"
