@@ -43,6 +43,12 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference("train.adam_eps", 1e-8, 1e-6, "AdamW epsilon", "authors' params.py get_default_params (as betas)"),
     Difference("train.amp", "auto_fp16", "auto", "precision on GPU: fp16 autocast with GradScaler vs bf16 (CPU runs "
                "are fp32 under both)", "authors' main.py: precision amp with torch.cuda.amp.GradScaler"),
+    Difference("train.epoch", "pairs_as_published", "pairs", "the image-text epoch: the authors' drops incomplete "
+               "chunks and concepts with fewer than M-1 hard negatives, draws negatives with replacement, always "
+               "their first chunk, and trains on every M-th shuffled chunk only; ours pads, keeps them with "
+               "fallbacks, draws random chunks without replacement and uses every chunk",
+               "authors' data.py TrainConceptDataset, get_dataset (batch_size M, drop_last) and train.py "
+               "(the first M groups of each collated batch)"),
     Difference("train.tau_inner", 0.07, 0.1, "inner temperature tau' of the group losses (the paper gives none)",
                "authors' loss.py fixes 0.07"),
     Difference(OPTION_PREFIX + "alpha_on", "outer", "inner", "which term alpha weighs in the group losses",

@@ -142,11 +142,14 @@ class TrainParams(Section):
     groups_per_batch: int = Field(2, ge=1, description="M: anchor group plus M-1 hard-negative groups.")
     pairs_per_group: int = Field(10, ge=1, description="N: image-text pairs drawn per group.")
     epochs: int = Field(5, ge=1, description="Image-text epochs (what one covers: train.epoch).")
-    epoch: Literal["pairs", "groups"] = Field(
-        "pairs", description="What an image-text epoch covers. pairs (the authors' code): every training (image, "
-        "generalized caption) pair once; each concept's pairs cut into seeded chunks of N, each chunk the anchor "
-        "group of a batch with M-1 chunks of hard-negative concepts. groups: one batch per training group (each "
-        "group the anchor once, N pairs drawn from it); about pairs-per-group times fewer steps.")
+    epoch: Literal["pairs", "groups", "pairs_as_published"] = Field(
+        "pairs", description="What an image-text epoch covers. pairs: every training (image, generalized caption) "
+        "pair once; each concept's pairs cut into seeded chunks of N (the last one filled up), each chunk the anchor "
+        "of a batch with M-1 random hard-negative concepts without replacement (fallbacks when too few). "
+        "pairs_as_published: the authors' code (cglib/train/epochs.py): incomplete chunks and concepts with fewer "
+        "than M-1 hard negatives dropped, negatives with replacement, always their first chunk, and only every M-th "
+        "shuffled chunk an anchor. groups: one batch per training group (each group the anchor once, N pairs drawn "
+        "from it); about pairs-per-group times fewer steps.")
     lr: float = Field(1e-8, gt=0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(0.2, ge=0, description="AdamW weight decay (not on biases, norms, logit scale).")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps before the cosine decay.")

@@ -7,6 +7,16 @@
   batch keeps the (M, N) shape. About (number of pairs) / N batches per epoch.
 - "groups": one batch per training group, each group the anchor once in a seeded random order; its N pairs are
   drawn when the batch is built (sampler.py). About N times fewer steps than "pairs" at one caption per image.
+- "pairs_as_published" (run.protocol: as_published): the authors' TrainConceptDataset and DataLoader
+  (ai-lab-conf/CLEAR_GLASS src/training/data.py, train.py): each concept's pairs in data order (no shuffle) cut
+  into chunks of N, an incomplete last chunk DROPPED; a concept whose hard negatives with a complete chunk number
+  fewer than M-1 is DROPPED; the chunks are shuffled each epoch and taken M at a time (their loader's batch size
+  is M, drop_last), and only the FIRST chunk of each loader batch is trained on (their loop reads the first M
+  groups of the collated batch: the anchor and its negatives), so an epoch has len(chunks) // M steps. Its
+  negatives (sampler.py) are drawn WITH replacement, each negative concept bringing its FIRST chunk. One case is
+  not reproduced: a drawn negative concept that has a complete chunk but was itself dropped (too few hard
+  negatives) makes their item empty, so that loader batch trains its next item or nothing; we take the concept's
+  first chunk instead and count the anchors that can draw one (`dropped["anchors_with_dropped_candidates"]`).
 
 A pair's text is one of ITS image's generalized captions (`MagicFile.generalized_texts`), or one of its own
 original captions with `train.text_source: original`.
@@ -19,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-EpochKind = Literal["pairs", "groups"]
+EpochKind = Literal["pairs", "groups", "pairs_as_published"]
 Pair = tuple[str, str]  # (image id, text)
 
 
@@ -93,6 +103,40 @@ class PairsEpoch:
 
     def anchor(self, epoch: int, index: int) -> Anchor:
         return self.plan(epoch)[index]
+
+
+class PublishedPairsEpoch:
+    """The authors' epoch (see the module docstring): complete chunks in data order, concepts without M-1 valid
+    hard negatives dropped, chunks shuffled and the first of every M taken as an anchor."""
+
+    kind = "pairs_as_published"
+
+    def __init__(self, pairs: dict[str, list[Pair]], n: int, m: int, hard: dict[str, list[str]], seed: int) -> None:
+        chunks = {g: [p[s:s + n] for s in range(0, len(p) - n + 1, n)] for g, p in pairs.items()}
+        chunks = {g: c for g, c in chunks.items() if c}  # their concept lookup: concepts with a complete chunk
+        self.valid = {g: [h for h in hard.get(g, []) if h in chunks] for g in chunks}
+        self.kept = [g for g in chunks if len(self.valid[g]) >= m - 1]
+        self.items = [(g, chunk) for g in self.kept for chunk in chunks[g]]
+        self.first_chunk = {g: chunks[g][0] for g in chunks}
+        self.n, self.m, self.seed = n, m, seed
+        self.dropped = {"pairs_in_incomplete_chunks": sum(len(p) % n for p in pairs.values()),
+                        "concepts_without_m_minus_1_hard_negatives": len(chunks) - len(self.kept),
+                        "chunks_loaded_but_not_trained": len(self.items) - len(self),
+                        "anchors_with_dropped_candidates": sum(len(chunks[g]) for g in self.kept
+                                                               if set(self.valid[g]) - set(self.kept))}
+
+    def __len__(self) -> int:
+        return len(self.items) // self.m  # their DataLoader: batch_size M, drop_last
+
+    def anchor(self, epoch: int, index: int) -> Anchor:
+        order = np.random.default_rng([self.seed, epoch, 5]).permutation(len(self.items))
+        group, chunk = self.items[order[index * self.m]]  # their loop trains the first item of each loader batch
+        return Anchor(group, list(chunk), 0)
+
+    def negatives(self, group: str, rng: np.random.Generator) -> list[str]:
+        """M-1 negative concepts of `group`, drawn with replacement from its valid hard negatives."""
+        valid = self.valid[group]
+        return [valid[i] for i in rng.integers(len(valid), size=self.m - 1)]
 
 
 def sample_pairs(pairs: list[Pair], n: int, rng: np.random.Generator) -> tuple[list[Pair], int]:

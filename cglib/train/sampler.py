@@ -35,7 +35,7 @@ from typing import Literal
 import numpy as np
 
 from cglib.magic.schema import MagicFile
-from cglib.train.epochs import EpochKind, GroupsEpoch, Pair, PairsEpoch, sample_pairs
+from cglib.train.epochs import EpochKind, GroupsEpoch, Pair, PairsEpoch, PublishedPairsEpoch, sample_pairs
 
 TextSource = Literal["generalized", "original"]
 
@@ -100,8 +100,8 @@ class GroupBatchSampler:
                              f"({pairs_per_group}) must be at least 1")
         if text_source not in ("generalized", "original"):
             raise ValueError(f"train.text_source must be 'generalized' or 'original', got {text_source!r}")
-        if epoch not in ("pairs", "groups"):
-            raise ValueError(f"train.epoch must be 'pairs' or 'groups', got {epoch!r}")
+        if epoch not in ("pairs", "groups", "pairs_as_published"):
+            raise ValueError(f"train.epoch must be 'pairs', 'groups' or 'pairs_as_published', got {epoch!r}")
         self.magic = magic
         self.m, self.n, self.seed, self.text_source = groups_per_batch, pairs_per_group, seed, text_source
         self.images: dict[str, list[str]] = {}
@@ -127,11 +127,18 @@ class GroupBatchSampler:
         self.group_texts = text_source == "generalized" and magic.generalize == "group"
         self.pairs: dict[str, list[Pair]] = {g: [(i, t) for i in ids for t in self.texts[i]]
                                              for g, ids in self.images.items()}
-        self.plan = PairsEpoch(self.pairs, self.n, seed) if epoch == "pairs" else GroupsEpoch(self.groups, seed)
         self._group_set = set(self.groups)
         self._ancestors = {g: self._chain(g) for g in self.groups}
         self._hard = {g: [x for x in magic.negatives(g, include_fallback=False) if x in self._group_set]
                       for g in self.groups}
+        if epoch == "pairs_as_published":
+            self.plan = PublishedPairsEpoch(self.pairs, self.n, self.m, self._hard, seed)
+            if not len(self.plan):
+                raise ValueError(f"the authors' epoch (train.epoch: pairs_as_published) keeps no batch: "
+                                 f"{len(self.plan.kept)} concepts have a complete chunk of N={self.n} pairs and M-1="
+                                 f"{self.m - 1} such hard negatives; lower pairs_per_group or groups_per_batch")
+        else:
+            self.plan = PairsEpoch(self.pairs, self.n, seed) if epoch == "pairs" else GroupsEpoch(self.groups, seed)
 
     # ------------------------------------------------------------------------------------ structure
     def __len__(self) -> int:
@@ -207,6 +214,11 @@ class GroupBatchSampler:
             raise IndexError(f"batch index {index} out of range for an epoch of {len(self)} batches")
         anchor = self.plan.anchor(epoch, index)
         rng = np.random.default_rng([self.seed, epoch, index, 1])
+        if self.epoch_kind == "pairs_as_published":  # with replacement, each negative concept's first chunk
+            groups = [anchor.group, *self.plan.negatives(anchor.group, rng)]
+            chunks = [anchor.pairs, *(self.plan.first_chunk[g] for g in groups[1:])]
+            return GroupBatch(epoch, index, groups, [[i for i, _ in c] for c in chunks], [[t for _, t in c] for c in chunks],
+                              [False] * len(groups))
         negatives, flags = self.negatives_for(anchor.group, rng)
         groups = [anchor.group, *negatives]
         image_ids, texts, repeated = [], [], 0
@@ -238,7 +250,8 @@ class GroupBatchSampler:
     def describe(self) -> dict:
         """Counts for the run summary: groups, images, hard-negative coverage, small groups."""
         short = sum(1 for g in self.groups if len(self._hard[g]) < self.m - 1)
-        return {"groups": len(self.groups), "train_images": sum(len(v) for v in self.images.values()),
+        dropped = {"dropped_as_published": self.plan.dropped} if isinstance(self.plan, PublishedPairsEpoch) else {}
+        return {**dropped, "groups": len(self.groups), "train_images": sum(len(v) for v in self.images.values()),
                 "unavailable_train_images": self.unavailable_images,
                 "groups_needing_fallback_negatives": short, "groups_below_pairs_per_group": len(self.groups_below_n),
                 "groups_per_batch": self.m, "pairs_per_group": self.n, "text_source": self.text_source,
@@ -249,6 +262,13 @@ class GroupBatchSampler:
 def epoch_sizes(magic: MagicFile, groups_per_batch: int, pairs_per_group: int, text_source: TextSource = "generalized",
                 available_images: set[str] | None = None, grad_accum: int = 1) -> dict[str, int]:
     """Optimizer steps per image-text epoch under each `train.epoch` kind, for the same data and batch shape."""
-    return {kind: -(-len(GroupBatchSampler(magic, groups_per_batch, pairs_per_group, 0, text_source,
-                                           available_images, epoch=kind)) // grad_accum)
-            for kind in ("pairs", "groups")}
+    sizes = {}
+    for kind in ("pairs", "groups", "pairs_as_published"):
+        try:
+            sampler = GroupBatchSampler(magic, groups_per_batch, pairs_per_group, 0, text_source, available_images,
+                                        epoch=kind)
+        except ValueError:  # the authors' epoch can keep no batch on a small world (the error says why)
+            sizes[kind] = 0
+            continue
+        sizes[kind] = -(-len(sampler) // grad_accum)
+    return sizes
