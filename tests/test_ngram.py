@@ -154,5 +154,6 @@ def test_ngram_runs_need_original_captions_and_keep_old_specs(tmp_path):
     params = parse_params({"train": {"runs": [{"name": "clip", "loss": "clip"}, {"name": "m", "loss": "mcc"}]}},
                           tmp_path)
     clip = run_spec(params, run_entry(params, "clip"))
-    assert "groups" not in clip["run"] and "options" not in clip["run"]  # defaults leave the spec as it was
+    assert "groups" not in clip["run"]  # the default leaves the spec as it was
+    assert clip["run"]["options"] == {"logit_scale": "fixed"}  # clip's own option, resolved by run.protocol
     assert run_spec(params, run_entry(params, "m"))["run"]["options"] == {"weight": 1.0, "hidden": None}

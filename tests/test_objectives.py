@@ -68,7 +68,7 @@ def test_an_option_of_another_objective_is_refused():
     """memory_momentum belongs to the centroid objectives and released to re: on another loss, the error names
     the option and the options that loss takes."""
     with pytest.raises(ValidationError, match=r"run 'r' \(loss: clip\): options.memory_momentum: Extra inputs are "
-                                              r"not permitted \(its options: none\)"):
+                                              r"not permitted \(its options: logit_scale\)"):
         TrainRunParams(name="r", loss="clip", options={"memory_momentum": 0.5})
     with pytest.raises(ValidationError, match=r"options.released: Extra inputs.*its options: tau_inner, alpha, "
                                               "alpha_on, normalize_products"):
@@ -90,7 +90,7 @@ def test_group_options_default_to_the_train_section(tmp_path):
                                    {"name": "q", "loss": "centroid", "options": {"alpha": 0.25, "alpha_on": "outer"}}])
     clip, pairwise, centroid = (run_spec(run.params, e)["run"] for e in run.params.train.runs)
     t = run.params.train
-    assert "options" not in clip
+    assert clip["options"] == {"logit_scale": "fixed"}  # none of the group losses' options
     assert pairwise["options"] == {"tau_inner": t.tau_inner, "alpha": t.alpha, "alpha_on": "inner",
                                    "normalize_products": False}
     assert centroid["options"]["alpha"] == 0.25 and centroid["options"]["alpha_on"] == "outer"
@@ -124,16 +124,16 @@ def test_your_own_objective_trains_resumes_exactly_and_is_reported(tmp_path, plu
 
 
 # ------------------------------------------------------------------ every objective under 2-process DDP
-IMAGE_TEXT = [name for name, cls in OBJECTIVES.items() if cls.phase == "train"] + [OWN]
+IMAGE_TEXT = [name for name, cls in OBJECTIVES.items() if cls.phase == "train"] + [OWN, "clip learned scale"]
+OPTIONS = {"memory_centroid": {"memory_momentum": 0.5}, "clip learned scale": {"logit_scale": "learned"}}
 
 
 def one_step_each(run_dir: Path, info: DistInfo) -> dict:
     """One optimizer step on batch 0 (M=4 groups, N=3) per image-text objective, set up as the trainer does:
     loss, the model's parameters and the objective's own state (mcc's head, the memory's rows)."""
     results = {}
-    for loss in IMAGE_TEXT:
-        options = {"memory_momentum": 0.5} if loss == "memory_centroid" else {}
-        run = make_run(run_dir, runs=[{"name": "r", "loss": loss, "options": options}])
+    for loss in IMAGE_TEXT:  # "clip learned scale": the clip objective with its own trained logit scale
+        run = make_run(run_dir, runs=[{"name": "r", "loss": loss.split()[0], "options": OPTIONS.get(loss, {})}])
         entry = run.params.train.runs[0]
         bundle = build_model(run.params.model)
         load_weights(bundle.model, run_dir / "training" / "initial.safetensors")
@@ -180,6 +180,7 @@ def test_every_image_text_objective_under_ddp_equals_one_process(tmp_path, plugi
     mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     ranks = [torch.load(tmp_path / f"objectives-rank{r}.pt", weights_only=True) for r in range(WORLD_SIZE)]
     assert single["mcc"]["objective"] and single["memory_centroid"]["extra"]  # state that must stay in step
+    assert set(single["clip learned scale"]["objective"]) == {"logit_scale"}
     for loss, expected in single.items():
         for rank in ranks:
             got = rank[loss]

@@ -50,7 +50,7 @@ def test_as_published_sets_every_key_the_file_leaves_unset_and_a_set_key_wins():
                                               "normalize_products": True}
     assert options_of(params, "centroid")["alpha_on"] == "outer"
     assert options_of(params, "inner")["alpha_on"] == "inner"  # the entry's own option
-    assert "options" not in run_spec(params, params.train.runs[0])["run"]  # clip takes none of them
+    assert run_spec(params, params.train.runs[0])["run"]["options"] == {"logit_scale": "learned"}  # clip's only one
     with pytest.raises(ValueError, match="run.protocol must be one of corrected, as_published"):
         protocol_value("train.amp", "published")
 
@@ -112,3 +112,31 @@ def test_the_readme_fidelity_table_lists_every_protocol_key():
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     missing = [d.key for d in DIFFERENCES if not any(line.startswith(f"| `{d.key}` |") for line in rows)]
     assert not missing, f"README's fidelity table lacks {missing}: add a row for each (key, both values, source)"
+
+
+def test_a_learned_clip_scale_trains_clamps_saves_and_resumes_exactly(tmp_path):
+    """options.logit_scale: learned (as published) starts from the model's scale, moves, stays within [0, ln 100],
+    is saved beside the final weights and in the summary, and an interrupted run resumes to the same weights, scale
+    and log."""
+    import math
+
+    from safetensors.torch import load_file
+    from test_train import _final_and_log, _interrupt_at, make_run
+
+    from cglib.train import train_one
+
+    runs = [{"name": "c", "loss": "clip", "options": {"logit_scale": "learned"}}]
+    whole = make_run(tmp_path / "whole", runs=runs, lr=5e-2)
+    summary = train_one(whole, "c", progress=False)
+    start = float(load_file(str(tmp_path / "whole" / "training" / "initial.safetensors"))["logit_scale"])
+    saved = load_file(str(tmp_path / "whole" / "training" / "c" / "logit_scale.safetensors"))["logit_scale"]
+    assert 0 <= float(saved) <= math.log(100) and float(saved) != pytest.approx(min(start, math.log(100)), abs=1e-6)
+    assert summary["logit_scale"]["final_exp"] == pytest.approx(math.exp(float(saved)))
+    parts = make_run(tmp_path / "parts", runs=runs, lr=5e-2)
+    with pytest.raises(KeyboardInterrupt):
+        train_one(parts, "c", progress=False, on_step=_interrupt_at(3))
+    train_one(parts, "c", progress=False)
+    (w1, log1), (w2, log2) = _final_and_log(whole, "c"), _final_and_log(parts, "c")
+    assert log1 == log2 and all(torch.equal(w1[k], w2[k]) for k in w1)
+    again = load_file(str(tmp_path / "parts" / "training" / "c" / "logit_scale.safetensors"))["logit_scale"]
+    assert torch.equal(saved, again)

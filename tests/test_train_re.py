@@ -185,7 +185,7 @@ def test_hierarcaps_train_data_path_is_checked(tmp_path):
     ({"train": {"runs": [{"name": "hc", "loss": "re", "options": {"epoch": 2}}]}},
      r"run 'hc' \(loss: re\): options.epoch: Extra inputs are not permitted \(its options: data, epochs"),
     ({"train": {"runs": [{"name": "c", "loss": "clip", "options": {"lr": 1.0}}]}},
-     r"run 'c' \(loss: clip\): options.lr: Extra inputs are not permitted \(its options: none\)"),
+     r"run 'c' \(loss: clip\): options.lr: Extra inputs are not permitted \(its options: logit_scale\)"),
 ])
 def test_objective_options_are_checked_and_moved_keys_named(tmp_path, raw, message):
     """An objective's options are validated by its own model; the train.re_* / train.mcc_* keys of older params

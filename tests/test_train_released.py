@@ -104,7 +104,7 @@ def test_absent_released_weights_train_the_row_here(tmp_path):
 
 
 def test_released_is_for_re_rows_only():
-    with pytest.raises(ValueError, match=r"options.released: Extra inputs are not permitted \(its options: none\)"):
+    with pytest.raises(ValueError, match=r"options.released: Extra inputs are not permitted \(its options: logit_scale\)"):
         TrainRunParams(name="clip", loss="clip", options={"released": "w.pt"})
 
 

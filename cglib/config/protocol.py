@@ -51,6 +51,9 @@ DIFFERENCES: tuple[Difference, ...] = (
                "(the first M groups of each collated batch)"),
     Difference("train.tau_inner", 0.07, 0.1, "inner temperature tau' of the group losses (the paper gives none)",
                "authors' loss.py fixes 0.07"),
+    Difference(OPTION_PREFIX + "logit_scale", "learned", "fixed", "the CLIP baseline's temperature: the model's "
+               "logit scale trained with the towers (clamped at ln 100) vs the fixed tau of every loss here",
+               "authors' train.py: open_clip ClipLoss with model.logit_scale.exp(), clamp_(0, ln 100)"),
     Difference(OPTION_PREFIX + "alpha_on", "outer", "inner", "which term alpha weighs in the group losses",
                "paper Eqs. 4, 8: alpha * inner; authors' loss.py: alpha * outer"),
     Difference(OPTION_PREFIX + "normalize_products", True, False, "the pairwise loss's group centroids: normalized "

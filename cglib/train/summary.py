@@ -120,7 +120,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained,
                                        text_projection_only=files.text_phase and files.projection_only
                                        and files.freeze_text),
-        "tau_note": "fixed train.tau / tau_inner; model.logit_scale frozen and unused",
+        "tau_note": "fixed train.tau / tau_inner (clip with options.logit_scale: learned: its own scale, in "
+                    "objective.logit_scale); model.logit_scale frozen and unused",
         "image_cache": {"size": trainer.inputs.cache.size, "images": len(trainer.inputs.cache),
                         "skipped": dict(trainer.inputs.cache.skipped)},
         "model": model_info(trainer.params, trainer.bundle),

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from cglib.config import Section
+from cglib.config.protocol import protocol_options
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -133,9 +134,9 @@ class Objective(nn.Module):
 
     @classmethod
     def resolve_options(cls, options: Section, params: Params) -> Section:
-        """The entry's options with what they leave unset filled from the params (e.g. a group loss's alpha from
-        train.alpha): what the run's spec holds and the objective is built with."""
-        return options
+        """The entry's options with what they leave unset filled from the params (a protocol key from run.protocol,
+        a group loss's alpha from train.alpha): what the run's spec holds and the objective is built with."""
+        return options.model_copy(update=protocol_options(options, params.run.protocol))
 
     @classmethod
     def input_files(cls, params: Params, entry: TrainRunParams) -> list[tuple[str, Path | None]]:

@@ -1,15 +1,70 @@
-"""`loss: clip`: CLIP's symmetric InfoNCE over the M*N pairs of a group batch (the fine-tuned-CLIP baseline)."""
+"""`loss: clip`: CLIP's symmetric InfoNCE over the M*N pairs of a group batch (the fine-tuned-CLIP baseline).
+
+Its temperature (`options.logit_scale`): `fixed` (corrected, the default) uses the run's tau, as every loss here
+does; `learned` (as published: the authors fine-tune with open_clip's `ClipLoss` and the model's learned logit
+scale) trains a logit scale s, starting from the model's own (OpenAI's CLIP: ln 100), with logits = exp(s) * cos,
+clamped to [0, ln 100] after every step as their train.py does. The scale is the objective's parameter: DDP
+synchronizes it with the towers (GroupTask), the checkpoint keeps it, and it is saved beside the final weights
+(`logit_scale.safetensors`); the evaluated model's cosines do not depend on it.
+"""
 
 from __future__ import annotations
 
-from torch import Tensor
+import math
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
 
 from cglib import losses
-from cglib.train.objectives.base import GroupFeatures, Objective
+from cglib.config import Section
+from cglib.train.objectives.base import GroupFeatures, Objective, Setup
+
+MAX_LOGIT_SCALE = math.log(100)  # open_clip's and the authors' clamp
+
+
+class ClipOptions(Section):
+    """train.runs[i].options of a loss: clip run."""
+
+    logit_scale: Literal["fixed", "learned"] | None = Field(
+        None, description="fixed: logits = cos / tau (the run's tau); learned: the model's logit scale trained with "
+        "the towers, clamped at ln 100 (the authors' ClipLoss fine-tuning); null = run.protocol's (corrected: "
+        "fixed, as_published: learned).")
 
 
 class Clip(Objective):
     name, label, family = "clip", "CLIP InfoNCE", "clip"
+    Options = ClipOptions
+
+    def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
+        super().__init__(spec, params)
+        self.learned = self.options.logit_scale == "learned"
+        # a learned scale starts at 1/tau until setup reads the model's own
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / self.tau))) if self.learned else None
+
+    def setup(self, setup: Setup) -> None:
+        if self.learned and not setup.resumed:
+            with torch.no_grad():
+                self.logit_scale.copy_(setup.bundle.model.logit_scale.detach().float().clamp(0, MAX_LOGIT_SCALE))
+        super().setup(setup)
 
     def forward(self, batch: GroupFeatures) -> dict[str, Tensor]:
-        return {"loss": losses.clip_loss(batch.image, batch.text, tau=self.tau, text_ids=batch.text_ids)}
+        tau = 1.0 / self.logit_scale.exp() if self.learned else self.tau
+        parts = {"loss": losses.clip_loss(batch.image, batch.text, tau=tau, text_ids=batch.text_ids)}
+        if self.learned:
+            parts["logit_scale"] = self.logit_scale.detach().exp()
+        return parts
+
+    def after_step(self, skipped: bool) -> None:
+        if self.learned:
+            with torch.no_grad():
+                self.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+
+    def describe(self) -> dict[str, Any] | None:
+        if not self.learned:
+            return None
+        return {"logit_scale": {"mode": "learned", "final_exp": float(self.logit_scale.detach().exp())}}
+
+    def training_only_weights(self) -> dict[str, dict[str, Tensor]]:
+        return {"logit_scale.safetensors": {"logit_scale": self.logit_scale.detach().cpu()}} if self.learned else {}

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from cglib.config import Params, Section
-from cglib.config.protocol import option_keys, protocol_options
+from cglib.config.protocol import option_keys
 from cglib.train.objectives.base import Objective
 
 
@@ -50,4 +50,4 @@ class GroupObjective(Objective):
     @classmethod
     def resolve_options(cls, options: GroupLossOptions, params: Params) -> GroupLossOptions:
         filled = {key: getattr(params.train, key) for key in ("tau_inner", "alpha") if getattr(options, key) is None}
-        return options.model_copy(update={**filled, **protocol_options(options, params.run.protocol)})
+        return super().resolve_options(options, params).model_copy(update=filled)
