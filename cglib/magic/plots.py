@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from cglib.magic.calibration import nearest_neighbour_cosines
 from cglib.magic.schema import MagicFile
 
 
@@ -130,3 +131,27 @@ def negatives_table(magic: MagicFile, level: int = 1, n_nodes: int = 10) -> pd.D
              "fallback negatives": ", ".join(f"{magic.nodes[m].name} ({n.negative_similarity[m]:.2f})"
                                              for m in n.fallback_negatives)} for n in nodes]
     return pd.DataFrame(rows)
+
+
+def plot_nearest_neighbour_cosines(magic: MagicFile, threshold: float) -> Figure:
+    """One panel per level: each node's nearest-neighbour cosine (calibration.py), the hard-negative threshold
+    drawn on it, and the share of nodes with a real hard negative in the title (at most 4 panels a row)."""
+    table = nearest_neighbour_cosines(magic)
+    levels = sorted(table["level"].unique())
+    cols = min(4, len(levels))
+    rows = -(-len(levels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False, sharex=True)
+    for ax, level in zip(axes.ravel(), levels):
+        part = table[table["level"] == level]
+        cos = part["nn_cosine"].dropna().to_numpy(float)
+        ax.hist(cos, bins=np.linspace(min(-0.1, cos.min(initial=0.0)), 1.0, 23), color=f"C{level}")
+        ax.axvline(threshold, color="k", ls="--", lw=1)  # the threshold: nodes right of it have a hard negative
+        ax.set(title=f"l{level}: {100 * part['has_hard_negative'].mean():.0f}% of {len(part)} above {threshold:.2f}",
+               xlabel="nearest-neighbour cosine")
+    for ax in axes.ravel()[len(levels):]:
+        ax.set_visible(False)
+    axes[0, 0].set_ylabel("nodes")
+    fig.suptitle("hard negatives: each node's most similar same-level node; dashed: magic.hard_negative_sim",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
