@@ -67,7 +67,8 @@ def test_the_protocol_changes_the_spec_of_the_runs_it_changes():
 
 
 def test_paper_profiles_differ_only_in_name_and_protocol():
-    """params/paper_corrected.yaml is params/paper.yaml with run.protocol corrected (and its own run name)."""
+    """params/paper_corrected.yaml is params/paper.yaml with run.protocol corrected (and its own run name), and
+    its pretraining rows without the concept names."""
     def flat(tree, prefix=""):
         out = {}
         for key, value in tree.items():
@@ -76,8 +77,13 @@ def test_paper_profiles_differ_only_in_name_and_protocol():
 
     paper, corrected = (flat(yaml.safe_load((REPO / "params" / f).read_text())) for f in
                         ("paper.yaml", "paper_corrected.yaml"))
-    assert {k for k in paper.keys() | corrected.keys() if paper.get(k) != corrected.get(k)} == {"run.name",
-                                                                                                "run.protocol"}
+    assert {k for k in paper.keys() | corrected.keys() if paper.get(k) != corrected.get(k)} == {
+        "run.name", "run.protocol", "train.runs"}
+    # the runs differ only in the pretraining rows' targets: the authors' with_concepts, our leakage_free
+    strip = [{k: v for k, v in r.items() if k != "pretrain"} for r in paper["train.runs"]]
+    assert strip == [{k: v for k, v in r.items() if k != "pretrain"} for r in corrected["train.runs"]]
+    assert {r.get("pretrain") for r in paper["train.runs"]} == {None, "with_concepts"}
+    assert {r.get("pretrain") for r in corrected["train.runs"]} == {None, "leakage_free"}
     assert (paper["run.protocol"], corrected["run.protocol"]) == ("as_published", "corrected")
     loaded = load_params(REPO / "params" / "paper.yaml", check_paths=False)
     for d in DIFFERENCES:

@@ -37,7 +37,7 @@ FORCED = {
     "llm.base_url",
     "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
-    "train.epoch", "train.epochs", "train.warmup_steps", "train.num_workers", "train.runs",
+    "train.epoch", "train.epochs", "train.pretrain_epochs", "train.warmup_steps", "train.num_workers", "train.runs",
     "eval.bootstrap", "eval.zoo",
     "search.trials",
 }

@@ -36,11 +36,16 @@ def rehearsal_params(path: Path) -> Path:
              "log_every": 1,
              # the paper's lr (1e-8) barely moves fp32 weights, so a wrong gradient would not show in later steps'
              # losses; a larger step makes every later loss depend on the previous steps' gradients
-             "lr": 1e-4, "pretrain_lr": 1e-4}
-    params = {"run": {"name": "rehearsal-ddp", "device": "cpu", "threads": 1, "seed": 0},
+             "lr": 1e-4, "pretrain_lr": 1e-4,
+             # the authors' pretraining (run.protocol) in batches of 8 pairs: this small MAGIC has 48, fewer than
+             # the rehearsal's 64
+             "pretrain_batch_size": 8}
+    params = {"run": {"name": "rehearsal-ddp", "device": "cpu", "threads": 1, "seed": 0,
+                      "protocol": rehearsal["run"]["protocol"]},
               "model": rehearsal["model"], "train": train}
     assert train["groups_per_batch"] == 2 and train["pairs_per_group"] == 10 and train["epoch"] == "pairs"
-    assert train["num_workers"] == 2 and train["amp"] == "off" and not params["model"]["pretrained_weights"]
+    # precision from run.protocol (as_published: fp16 on a GPU, fp32 on this CPU)
+    assert train["num_workers"] == 2 and "amp" not in train and not params["model"]["pretrained_weights"]
     path.write_text(yaml.safe_dump(params), encoding="utf-8")
     return path
 
@@ -75,7 +80,8 @@ def train(params: Path, run_dir: Path, world_size: int) -> str:
 
 @pytest.mark.slow
 def test_rehearsal_training_under_torchrun_equals_one_process(tmp_path):
-    """2 gloo ranks (one group each, 2 loader workers each) log the losses of one process to 1e-5, every step."""
+    """2 gloo ranks (one group each, 2 loader workers each) log the losses of one process to 1e-5, every step, and
+    end with its weights to half a learning-rate step."""
     params = rehearsal_params(tmp_path / "rehearsal-ddp.yaml")
     single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
     train(params, single_dir, 1)
@@ -106,9 +112,11 @@ def test_rehearsal_training_under_torchrun_equals_one_process(tmp_path):
                     worst[name] = max(worst.get(name, 0.0), abs(a - b))
         final = {d: load_file(str(d / "training" / name / "final.safetensors")) for d in (single_dir, ddp_dir)}
         moved = 0
+        # the authors' Adam eps (1e-8, run.protocol) turns float-rounding differences of near-zero gradients into
+        # updates of a sizeable fraction of lr (1e-4 here), so weights agree to half a step, losses to 1e-5
         for key, value in final[single_dir].items():
             delta = (final[ddp_dir][key] - value).abs().max().item()
-            assert delta <= 1e-5, (name, key, delta)
+            assert delta <= 5e-5, (name, key, delta)
             moved += not value.equal(initial[single_dir][key])
         assert moved > 0, name  # training changed the weights
     print("max |loss difference| per run:", worst)

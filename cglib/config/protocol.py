@@ -49,6 +49,13 @@ DIFFERENCES: tuple[Difference, ...] = (
                "fallbacks, draws random chunks without replacement and uses every chunk",
                "authors' data.py TrainConceptDataset, get_dataset (batch_size M, drop_last) and train.py "
                "(the first M groups of each collated batch)"),
+    Difference("train.pretrain_pairs", "as_published", "distinct_targets", "textual pretraining's batches and "
+               "temperature: every caption with every target in shuffled batches, unmasked, learned logit scale vs "
+               "distinct targets (at most one per group) at the fixed tau", "authors' data.py PretrainDataset, "
+               "pretrain.py (ClipLoss with model.logit_scale.exp(), clamp_(0, ln 100))"),
+    Difference("train.pretrain_epochs", 7, 1, "epochs of textual pretraining", "authors' pretrain_configuration.yml"),
+    Difference("train.pretrain_lr", 1.8748186634898305e-05, 1e-5, "learning rate of textual pretraining",
+               "authors' pretrain_configuration.yml"),
     Difference("train.tau_inner", 0.07, 0.1, "inner temperature tau' of the group losses (the paper gives none)",
                "authors' loss.py fixes 0.07"),
     Difference(OPTION_PREFIX + "logit_scale", "learned", "fixed", "the CLIP baseline's temperature: the model's "

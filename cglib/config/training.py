@@ -168,6 +168,11 @@ class TrainParams(Section):
     adam_eps: float = Field(1e-6, gt=0, description="AdamW epsilon (open_clip's ViT recipe; the authors' code: "
                             "1e-8).")
     pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
+    pretrain_pairs: Literal["distinct_targets", "as_published"] = Field(
+        "distinct_targets", description="Textual pretraining batches and loss. distinct_targets: distinct targets, "
+        "at most one per group, tau fixed (cglib/train/pretrain.py). as_published: the authors' PretrainDataset "
+        "(every caption of an image with each of its generalized captions and, with pretrain: with_concepts, its "
+        "l1-l4 names; shuffled batches, nothing masked) and the model's learned logit scale, clamped at ln 100.")
     pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
     pretrain_batch_size: int = Field(64, ge=2, description="Text pairs per textual-pretraining batch (distinct "
                                      "targets, at most one per group, so two targets of one group are never "

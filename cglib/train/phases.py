@@ -25,7 +25,7 @@ from cglib.models import Towers, encode_texts, tokenize
 from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.inputs import text_source
 from cglib.train.objectives import Objective, Setup, TextAlignment
-from cglib.train.pretrain import TextPairSampler
+from cglib.train.pretrain import PublishedTextPairSampler, TextPairSampler
 from cglib.train.re_run import LOSS_PARTS, REBatchSampler, re_items
 from cglib.train.sampler import GroupBatchSampler
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
@@ -72,8 +72,8 @@ def _sequential(batch: Callable[[int, int], Any], per_epoch: int) -> Callable[[i
 def textual_pretraining(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase | None:
     """Caption -> target alignment of the text side (pretrain.py); None when the phase has no step."""
     t, info, bundle = trainer.t, trainer.info, trainer.bundle
-    sampler = TextPairSampler(trainer.inputs.magic, trainer.entry.pretrain, t.pretrain_batch_size,
-                              trainer.run.train_seed)
+    pairs = PublishedTextPairSampler if t.pretrain_pairs == "as_published" else TextPairSampler
+    sampler = pairs(trainer.inputs.magic, trainer.entry.pretrain, t.pretrain_batch_size, trainer.run.train_seed)
     if sampler.batch_size % info.world_size:
         raise ValueError(f"train.pretrain_batch_size ({sampler.batch_size}) must be divisible by the number "
                          f"of processes ({info.world_size})")
@@ -84,12 +84,17 @@ def textual_pretraining(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase 
     projected = text_phase_trainable(bundle, t.text_trains, sampler.all_texts(), info.world_size)
     if projected is not None:
         described["tower_outputs_precomputed"] = len(projected)
+    learned = t.pretrain_pairs == "as_published"  # the authors train the model's logit scale in this phase
+    if learned:
+        bundle.model.logit_scale.requires_grad_(True)
     bundle.model.train()
     module = wrap(Towers(bundle.model), info)
     stepper = trainer.make_stepper(module, t.pretrain_lr, total, "pretrain", ckpt)
     per = sampler.batch_size // info.world_size
     part = slice(info.rank * per, (info.rank + 1) * per)
-    align = TextAlignment({"tau": trainer.spec["run"]["tau"]})  # the run's tau; the run's objective options are not its
+    # the run's tau (the run's objective options are not its), or the model's learned scale
+    align = TextAlignment({"tau": trainer.spec["run"]["tau"]},
+                          logit_scale=(lambda: bundle.model.logit_scale) if learned else None)
 
     def loss(pair: tuple[list[str], list[str]]) -> dict[str, torch.Tensor]:
         captions, targets = pair

@@ -131,3 +131,46 @@ def _chain(magic: MagicFile, group: str) -> list[str]:
         except ValueError:
             break
     return chain
+
+
+class PublishedTextPairSampler:
+    """The authors' pretraining pairs and batches (train.pretrain_pairs: as_published; their PretrainDataset and
+    DataLoader): every training image's every original caption paired with each of the image's generalized captions
+    and, with pretrain: with_concepts, with each concept name of its chain (their dataset always adds l1-l4);
+    shuffled every epoch and cut into batches of `batch_size`, the last incomplete one dropped. No owner rule:
+    a batch may hold one target twice, or two targets of one group, as negatives of each other (their loss masks
+    nothing). A pure function of (seed, epoch, index)."""
+
+    def __init__(self, magic: MagicFile, mode: PretrainMode, batch_size: int, seed: int = 0,
+                 split: str = "train") -> None:
+        if mode not in ("leakage_free", "with_concepts"):
+            raise ValueError(f"pretraining mode must be leakage_free or with_concepts, got {mode!r}")
+        self.pairs: list[tuple[str, str]] = []
+        for group in sorted(magic.groups(split)):
+            names = [magic.nodes[node].name for node in _chain(magic, group)] if mode == "with_concepts" else []
+            for image_id in magic.images_of(group, split):
+                targets = [*magic.generalized_texts(image_id), *names]
+                self.pairs += [(caption, target) for caption in magic.images[image_id].captions for target in targets]
+        if len(self.pairs) < batch_size:
+            raise ValueError(f"the authors' pretraining pairs ({len(self.pairs)}) do not fill one batch of "
+                             f"train.pretrain_batch_size = {batch_size}; lower it or set the run's pretrain: none")
+        self.mode, self.seed, self.batch_size = mode, seed, batch_size
+
+    def __len__(self) -> int:
+        return len(self.pairs) // self.batch_size  # their DataLoader: shuffle, drop_last
+
+    def batch(self, epoch: int, index: int) -> tuple[list[str], list[str]]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch index {index} out of range for an epoch of {len(self)} batches")
+        order = np.random.default_rng([self.seed, epoch, 6]).permutation(len(self.pairs))
+        picked = [self.pairs[i] for i in order[index * self.batch_size:(index + 1) * self.batch_size]]
+        return [c for c, _ in picked], [t for _, t in picked]
+
+    def all_texts(self) -> list[str]:
+        return sorted({t for pair in self.pairs for t in pair})
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "pairs": "as_published", "pairs_per_epoch": len(self.pairs),
+                "targets": len({t for _, t in self.pairs}), "batch_size": self.batch_size,
+                "batches_per_epoch": len(self), "pairs_left_out_per_epoch": len(self.pairs) % self.batch_size,
+                "exposed_to_eval_strings": exposed_to_eval_strings(self.mode)}
