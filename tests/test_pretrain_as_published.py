@@ -5,16 +5,13 @@ under torchrun equal to one process."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 from test_train import _final_and_log, _interrupt_at, make_run
-from test_train_distributed import free_port
+from test_train_distributed import torchrun_train
 
 from cglib.run import RunContext
 from cglib.train import train_one
@@ -106,12 +103,7 @@ def test_the_authors_pretraining_under_torchrun_equals_one_process(tmp_path):
     distributed_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     for directory in (distributed_dir, single_dir):
         make_run(directory)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), "-m", "cglib.train", str(params_path),
-                           "--run-dir", str(distributed_dir), "--no-progress"],
-                          check=False, capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun_train(params_path, distributed_dir)
     from cglib.config import load_params
 
     torch.set_num_threads(1)

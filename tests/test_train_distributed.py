@@ -95,6 +95,17 @@ def test_one_ddp_step_equals_one_single_process_step(tmp_path):
             assert moved > 0, case  # the step did change parameters
 
 
+def torchrun_train(params_path: Path, run_dir: Path, processes: int = 2) -> str:
+    """`torchrun --nproc_per_node N -m cglib.train PARAMS --run-dir DIR` on gloo; its stdout (fails on an error)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                           "--master_port", str(free_port()), "-m", "cglib.train", str(params_path),
+                           "--run-dir", str(run_dir), "--no-progress"],
+                          check=False, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 @pytest.mark.slow
 def test_torchrun_entry_point_matches_single_process(tmp_path):
     """`torchrun --nproc_per_node 2 -m cglib.train` trains the same weights as one process (gloo, CPU)."""
@@ -107,13 +118,7 @@ def test_torchrun_entry_point_matches_single_process(tmp_path):
     distributed_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     for directory in (distributed_dir, single_dir):
         make_run(directory)  # writes tiny_magic's captions and magic.json
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), "-m", "cglib.train", str(params_path),
-                           "--run-dir", str(distributed_dir), "--no-progress"],
-                          check=False, capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert '"run": "pw"' in done.stdout
+    assert '"run": "pw"' in torchrun_train(params_path, distributed_dir)
     from cglib.config import load_params
 
     run = RunContext(params=load_params(params_path), dir=single_dir)
