@@ -33,6 +33,7 @@ validate: install
 	$(VENV)/bin/cglib validate params/demo.yaml
 	$(VENV)/bin/cglib validate params/hierarcaps.yaml --no-check-paths
 	$(VENV)/bin/cglib validate params/paper.yaml --no-check-paths
+	$(VENV)/bin/cglib validate params/paper_corrected.yaml --no-check-paths
 
 clean-outputs:
 	find outputs -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

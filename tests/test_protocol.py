@@ -85,10 +85,13 @@ def test_paper_profiles_differ_only_in_name_and_protocol():
     assert {r.get("pretrain") for r in paper["train.runs"]} == {None, "with_concepts"}
     assert {r.get("pretrain") for r in corrected["train.runs"]} == {None, "leakage_free"}
     assert (paper["run.protocol"], corrected["run.protocol"]) == ("as_published", "corrected")
-    loaded = load_params(REPO / "params" / "paper.yaml", check_paths=False)
+    published = load_params(REPO / "params" / "paper.yaml", check_paths=False)
+    corrected = load_params(REPO / "params" / "paper_corrected.yaml", check_paths=False)
     for d in DIFFERENCES:
         if not d.key.startswith(OPTION_PREFIX):
-            assert getattr(loaded.train, d.key.split(".")[1]) == pytest.approx(d.as_published), d.key
+            name = d.key.split(".")[1]
+            assert getattr(published.train, name) == pytest.approx(d.as_published), d.key
+            assert getattr(corrected.train, name) == pytest.approx(d.corrected), d.key
 
 
 def test_the_authors_optimizer_as_their_main_py_builds_it():
