@@ -155,3 +155,40 @@ def test_hierarcaps_published_scores_equal_the_authors_argmax_and_self_draws_tie
     same_text = sum(texts[i] == texts[negatives[i, 0]] for i in range(n))  # includes item 4
     assert t2i.chance == pytest.approx((n - 1) * 0.5 / n + 1 / n)
     assert i2t.chance == pytest.approx(((n - same_text) * 0.5 + same_text) / n)
+
+
+# ------------------------------------------------------------------------------- what the corrections change
+def test_image_means_pair_two_protocols_by_image():
+    """Per image (and training seed) mean correctness over the images asked for, in their order."""
+    from cglib.evaluate.bootstrap import Scores
+    from cglib.evaluate.protocols import image_means
+
+    scores = Scores(np.array([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]]), np.array([7, 7, 3, 9]))
+    out = image_means(scores, np.array([3, 7]))
+    assert out.units.tolist() == [3, 7] and out.values.tolist() == [[1.0, 0.5], [1.0, 0.0]]
+
+
+def test_protocol_changes_recover_a_known_shift():
+    """Two protocols whose per-image accuracies differ by a known amount on shared
+    images give that change with a CI around it, Holm-corrected; a column without its published twin is absent."""
+    import pandas as pd
+
+    from cglib.evaluate.bootstrap import Scores
+    from cglib.evaluate.protocols import protocol_changes, protocol_changes_markdown
+
+    rng = np.random.default_rng(0)
+    n = 400
+    units = np.arange(n)
+    metrics = pd.DataFrame([{"model": m, "benchmark": b, "labels": "dag", "direction": "t2i", "metric": "accuracy",
+                             "level": "l1"} for m in ("a", "b") for b in ("forced_choice", "forced_choice_published")])
+    base = (rng.random(n) < 0.6).astype(float)
+    flip = rng.random(n) < 0.2  # the corrected protocol gets these items right, the published one wrong
+    corrected = np.maximum(base, flip.astype(float))
+    scores = {("forced_choice", "dag", "t2i", "accuracy", "l1"): {m: Scores(corrected, units) for m in "ab"},
+              ("forced_choice_published", "dag", "t2i", "accuracy", "l1"): {m: Scores(base, units) for m in "ab"}}
+    changes = protocol_changes(metrics, scores, resamples=500, ci=0.95, seed=0)
+    row = changes.set_index("column").loc["MAGIC l1"]
+    expected = 100 * (corrected.mean() - base.mean())
+    assert row["change"] == pytest.approx(expected) and row["ci_low"] < expected < row["ci_high"]
+    assert row["ci_low"] > 0 and bool(row["significant"]) and (row["models"], row["images"]) == (2, n)
+    assert "| MAGIC l1 | +" in "\n".join(protocol_changes_markdown(changes))

@@ -129,6 +129,11 @@ def test_trained_models_are_compared_on_identical_items(tmp_path):
     md_published = (run.dir / "evaluation" / "table3_as_published.md").read_text()
     assert "| paper: CLEAR GLASS pairwise |" in md_published and "2-way, as published, chance 50.0%" in md_published
     assert "TIES GO TO THE ANCHOR" in md_published
+    # what the evaluation corrections change: every column with its published twin, the same on reload
+    assert set(loaded.protocol_changes["column"]) == set(loaded.table3.columns[loaded.table3.columns.isin(
+        [c for c in loaded.table3.columns if not c.endswith((" ci_low", " ci_high", " n", " chance"))
+         and c not in ("exposed_to_eval_strings", "seeds")])])
+    assert (loaded.protocol_changes["models"] == 3).all() and "## What the evaluation corrections change" in md_published
     fig = plot_accuracy_by_level(pd.read_csv(run.dir / "evaluation" / "metrics.csv"))
     assert [a.get_title() for a in fig.axes] == ["scored against the MAGIC DAG (magic.json)",
                                                  "scored against the world's ground truth"]

@@ -141,9 +141,10 @@ def paper_beside_ours() -> pd.DataFrame:
     return table.reindex([(kind, g) for g in GAINS for kind in ("printed", "ours")])
 
 
-def table3_as_published_markdown(table: pd.DataFrame, protocols: dict[str, str], choices: int) -> str:
+def table3_as_published_markdown(table: pd.DataFrame, protocols: dict[str, str], choices: int,
+                                 changes: list[str] = ()) -> str:
     """table3_as_published.md: this run's Table 3 under the authors' protocol, the paper's rows as printed under
-    it (the columns both have), and what the protocol is."""
+    it (the columns both have), what the protocol is, then `changes` (protocols.protocol_changes_markdown)."""
     display = table3_display(table)
     printed = PAPER_TABLE3.reindex(columns=display.columns).map(lambda v: "-" if pd.isna(v) else f"{v:.1f}")
     printed.index = [f"paper: {name}" for name in printed.index]
@@ -164,4 +165,5 @@ def table3_as_published_markdown(table: pd.DataFrame, protocols: dict[str, str],
         "texts, ties wrong); the difference between the two tables is what the evaluation corrections change."),
     ]
     return "\n".join(["# Table 3 as published (the authors' evaluation protocol), with the paper's rows", "",
-                      markdown_table(both), "", *[f"- {n}" for n in notes], ""])
+                      markdown_table(both), "", *[f"- {n}" for n in notes], *([""] + list(changes) if changes else []),
+                      ""])

@@ -16,7 +16,8 @@ Files under `<run>/evaluation/`:
                      and Holm-adjusted p-values (the family: every difference of that metric row)
     table3.csv/.md   Table 3 regenerated (percent, 95% CIs); the .md also has the paper's gain rows under it
     table3_as_published.csv/.md   the same models scored with the authors' evaluation protocol, the paper's rows
-                     under them (evaluate/paper.py)
+                     under them (evaluate/paper.py), and what the evaluation corrections change
+    protocol_changes.csv   per column: corrected minus as published, paired CI (evaluate/protocols.py)
     gains.csv        the "Avg Accuracy Gain w.r.t." rows per Table 3 column (points, relative %, paired CIs)
     scores.npz       the per-query scores behind every number (to recompute any interval or difference)
     embeddings/      per-model embedding caches
@@ -70,6 +71,7 @@ from cglib.evaluate.loading import (
     zoo_info,
     zoo_loader,
 )
+from cglib.evaluate.protocols import protocol_changes
 from cglib.evaluate.reading import read_results
 from cglib.evaluate.results import MODELS_DIR, EvalResults, write_results
 from cglib.evaluate.retrieval import set_faiss_threads
@@ -330,15 +332,17 @@ def _evaluate(run: RunContext, models: list[dict], out_dir: Path, progress: bool
         _merge_description(info, b.describe(prepared, per_model[b.name]))
     info["reading"] = read_results(metrics, differences, EvalResults(
         metrics, differences, table, info, out_dir).comparisons())
-    gains, gain_notes = gain_rows(metrics, {k: paired_seeds({n: ms.scores for n, ms in v.items()})
-                                            for k, v in scores.items()},
-                                  model_roles(models), p.bootstrap, p.ci, params.run.seed)
+    paired = {k: paired_seeds({n: ms.scores for n, ms in v.items()}) for k, v in scores.items()}
+    gains, gain_notes = gain_rows(metrics, paired, model_roles(models), p.bootstrap, p.ci, params.run.seed)
+    changes = protocol_changes(metrics, paired, p.bootstrap, p.ci, params.run.seed)
     info["gains"] = {"notes": gain_notes}
     info["seconds"] = round(time.perf_counter() - start, 2)
     published = table3(metrics, "as_published")
-    paths = write_results(out_dir, run, metrics, differences, table, info, scores, gains, seeds_table, published)
+    paths = write_results(out_dir, run, metrics, differences, table, info, scores, gains, seeds_table, published,
+                          changes)
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=out_dir,
-                       paths=paths, gains=gains, seeds=seeds_table, table3_published=published)
+                       paths=paths, gains=gains, seeds=seeds_table, table3_published=published,
+                       protocol_changes=changes)
 
 
 def _magic_pixels_at(size: int, main: int, run: RunContext, magic, dataset: CaptionDataset, image_ids: list[str],

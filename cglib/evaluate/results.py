@@ -16,6 +16,7 @@ from cglib.evaluate.gains import GAIN_COLUMNS, gains_display
 from cglib.evaluate.gallery import MetricScores
 from cglib.evaluate.loading import ZERO_SHOT
 from cglib.evaluate.paper import table3_as_published_markdown
+from cglib.evaluate.protocols import CHANGE_COLUMNS, protocol_changes_markdown
 from cglib.evaluate.reading import read_results
 from cglib.evaluate.report import METRIC_COLUMNS, SEED_COLUMNS, metric_table
 from cglib.evaluate.table3 import table3_markdown, table3_notes, table3_protocols, zero_shot_section
@@ -29,6 +30,7 @@ GAINS_FILE = "gains.csv"
 MODELS_DIR = "models"  # evaluate_model's results: evaluation/models/<NAME>/
 SEEDS_FILE = "seeds.csv"
 PUBLISHED_CSV, PUBLISHED_MD = "table3_as_published.csv", "table3_as_published.md"
+CHANGES_CSV = "protocol_changes.csv"
 
 
 @dataclass
@@ -44,6 +46,7 @@ class EvalResults:
     gains: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=GAIN_COLUMNS))
     seeds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SEED_COLUMNS))
     table3_published: pd.DataFrame = field(default_factory=pd.DataFrame)  # the authors' protocol (as_published)
+    protocol_changes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CHANGE_COLUMNS))
 
     @property
     def models(self) -> list[str]:
@@ -76,11 +79,13 @@ class EvalResults:
 
 def write_results(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differences: pd.DataFrame, table: pd.DataFrame,
            info: dict, scores: dict[Key, dict[str, MetricScores]], gains: pd.DataFrame,
-           seeds_table: pd.DataFrame, published: pd.DataFrame | None = None) -> dict[str, Path]:
+           seeds_table: pd.DataFrame, published: pd.DataFrame | None = None,
+           changes: pd.DataFrame | None = None) -> dict[str, Path]:
     paths = {"metrics": out_dir / METRICS_FILE, "differences": out_dir / DIFFERENCES_FILE,
              "seeds": out_dir / SEEDS_FILE,
              "table3_csv": out_dir / "table3.csv", "table3_md": out_dir / "table3.md",
              "table3_published_csv": out_dir / PUBLISHED_CSV, "table3_published_md": out_dir / PUBLISHED_MD,
+             "protocol_changes": out_dir / CHANGES_CSV,
              "gains": out_dir / GAINS_FILE, "scores": out_dir / SCORES_FILE, "results": out_dir / RESULTS_FILE}
     metrics.to_csv(paths["metrics"], index=False)
     seeds_table.to_csv(paths["seeds"], index=False)
@@ -92,11 +97,13 @@ def write_results(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differe
         zero_shot_section(differences, metrics, info["settings"].get("ci", 0.95))), encoding="utf-8")
     if published is not None and not published.empty:
         published.to_csv(paths["table3_published_csv"])
+        changes = changes if changes is not None else pd.DataFrame(columns=CHANGE_COLUMNS)
+        changes.to_csv(paths["protocol_changes"], index=False)
         paths["table3_published_md"].write_text(table3_as_published_markdown(
-            published, table3_protocols(published, info, "as_published"), info["settings"]["choices"]),
-            encoding="utf-8")
+            published, table3_protocols(published, info, "as_published"), info["settings"]["choices"],
+            protocol_changes_markdown(changes)), encoding="utf-8")
     else:
-        del paths["table3_published_csv"], paths["table3_published_md"]
+        del paths["table3_published_csv"], paths["table3_published_md"], paths["protocol_changes"]
     arrays = {}
     for key, by_model in scores.items():
         for model, ms in by_model.items():
@@ -132,9 +139,11 @@ def load_results(run_dir: str | Path) -> EvalResults:
              if (directory / SEEDS_FILE).is_file() else pd.DataFrame(columns=SEED_COLUMNS))
     published = (pd.read_csv(directory / PUBLISHED_CSV, index_col="model") if (directory / PUBLISHED_CSV).is_file()
                  else pd.DataFrame())  # absent in evaluations written before both protocols were scored
+    changes = (pd.read_csv(directory / CHANGES_CSV) if (directory / CHANGES_CSV).is_file()
+               else pd.DataFrame(columns=CHANGE_COLUMNS))
     return EvalResults(metrics=metrics, differences=differences, table3=table, info=info, directory=directory,
                        paths={p.stem: p for p in directory.iterdir() if p.is_file()}, gains=gains, seeds=seeds,
-                       table3_published=published)
+                       table3_published=published, protocol_changes=changes)
 
 
 def load_scores(run_dir: str | Path) -> dict[tuple[str, ...], dict[str, Scores]]:
