@@ -82,7 +82,8 @@ def apply_protocol(raw: Any) -> Any:
     """A params mapping with the train-section keys it leaves unset filled from its run.protocol."""
     if not isinstance(raw, dict):
         return raw
-    protocol = (raw.get("run") or {}).get("protocol", "corrected") if isinstance(raw.get("run"), dict) else "corrected"
+    run = raw.get("run")
+    protocol = run.get("protocol", "corrected") if isinstance(run, dict) else "corrected"
     if protocol not in PROTOCOLS:
         return raw  # the run section's own validation names the problem
     out = dict(raw)

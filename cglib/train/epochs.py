@@ -42,6 +42,20 @@ class Anchor:
     padded: int = 0
 
 
+class EpochOrder:
+    """A seeded permutation of `n` items for each epoch, kept for the epoch in progress (a batch asks for its own
+    slice of it; drawing the whole permutation per batch would cost O(n) each time)."""
+
+    def __init__(self, n: int, seed: int, stream: int) -> None:
+        self.n, self.seed, self.stream = n, seed, stream
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, np.random.default_rng([self.seed, epoch, self.stream]).permutation(self.n))
+        return self._cached[1]
+
+
 class GroupsEpoch:
     """One batch per training group: every group is the anchor once, in a seeded random order."""
 
@@ -119,6 +133,7 @@ class PublishedPairsEpoch:
         self.items = [(g, chunk) for g in self.kept for chunk in chunks[g]]
         self.first_chunk = {g: chunks[g][0] for g in chunks}
         self.n, self.m, self.seed = n, m, seed
+        self.order = EpochOrder(len(self.items), seed, stream=5)
         self.dropped = {"pairs_in_incomplete_chunks": sum(len(p) % n for p in pairs.values()),
                         "concepts_without_m_minus_1_hard_negatives": len(chunks) - len(self.kept),
                         "chunks_loaded_but_not_trained": len(self.items) - len(self),
@@ -129,8 +144,7 @@ class PublishedPairsEpoch:
         return len(self.items) // self.m  # their DataLoader: batch_size M, drop_last
 
     def anchor(self, epoch: int, index: int) -> Anchor:
-        order = np.random.default_rng([self.seed, epoch, 5]).permutation(len(self.items))
-        group, chunk = self.items[order[index * self.m]]  # their loop trains the first item of each loader batch
+        group, chunk = self.items[self.order(epoch)[index * self.m]]  # their loop trains the first item of each loader batch
         return Anchor(group, list(chunk), 0)
 
     def negatives(self, group: str, rng: np.random.Generator) -> list[str]:

@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 
 from cglib.magic.schema import MagicFile
+from cglib.train.epochs import EpochOrder
 
 PretrainMode = Literal["leakage_free", "with_concepts"]
 
@@ -155,6 +156,7 @@ class PublishedTextPairSampler:
             raise ValueError(f"the authors' pretraining pairs ({len(self.pairs)}) do not fill one batch of "
                              f"train.pretrain_batch_size = {batch_size}; lower it or set the run's pretrain: none")
         self.mode, self.seed, self.batch_size = mode, seed, batch_size
+        self.order = EpochOrder(len(self.pairs), seed, stream=6)
 
     def __len__(self) -> int:
         return len(self.pairs) // self.batch_size  # their DataLoader: shuffle, drop_last
@@ -162,8 +164,7 @@ class PublishedTextPairSampler:
     def batch(self, epoch: int, index: int) -> tuple[list[str], list[str]]:
         if not 0 <= index < len(self):
             raise IndexError(f"batch index {index} out of range for an epoch of {len(self)} batches")
-        order = np.random.default_rng([self.seed, epoch, 6]).permutation(len(self.pairs))
-        picked = [self.pairs[i] for i in order[index * self.batch_size:(index + 1) * self.batch_size]]
+        picked = [self.pairs[i] for i in self.order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]]
         return [c for c, _ in picked], [t for _, t in picked]
 
     def all_texts(self) -> list[str]:
