@@ -31,6 +31,7 @@ lint: install
 
 validate: install
 	$(VENV)/bin/cglib validate params/demo.yaml
+	$(VENV)/bin/cglib validate params/demo_as_published.yaml
 	$(VENV)/bin/cglib validate params/hierarcaps.yaml --no-check-paths
 	$(VENV)/bin/cglib validate params/paper.yaml --no-check-paths
 	$(VENV)/bin/cglib validate params/paper_corrected.yaml --no-check-paths

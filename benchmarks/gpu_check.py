@@ -1,11 +1,14 @@
-"""GPU check: the paper profile's training step (ViT-B-32, bf16 on CUDA) with each loss and open_clip's ClipLoss.
+"""GPU check: the paper profile's training step (ViT-B-32, the profile's precision on CUDA) with each loss and
+open_clip's ClipLoss.
 
 For each of clip, pairwise, centroid (cglib.losses) and open_clip's ClipLoss it runs `--steps` timed training
 steps after `--warmup` untimed ones, each step as training takes it: a batch of M groups x N pairs (params/
 paper.yaml: M=2, N=10) read from an image cache (random pixels, memory-mapped uint8, as
 `cglib.data.image_cache` builds it) and tokenized captions through a torch DataLoader with worker processes,
 normalised on the device, both towers forward (the open_clip text tower trains), the loss, backward, gradient
-clipping, AdamW (the project's weight-decay split) and the warmup-cosine schedule. It prints, per loss:
+clipping, AdamW (the project's weight-decay split, the profile's betas and eps) and the warmup-cosine schedule,
+at the profile's train.amp: params/paper.yaml (as published) runs fp16 autocast with a GradScaler on CUDA, as the
+authors did; params/paper_corrected.yaml bf16. It prints, per loss:
 
     pairs/s            image-text pairs through a whole step per second (M*N per step)
     peak memory        torch.cuda.max_memory_allocated on CUDA; the process's peak RSS on CPU
@@ -18,7 +21,8 @@ clipping, AdamW (the project's weight-decay split) and the warmup-cosine schedul
 
 and one machine-readable line per loss starting with `RESULT` (key=value pairs).
 
-    python benchmarks/gpu_check.py                        # CUDA: ViT-B-32 at 224 px, bf16, 50 steps per loss
+    python benchmarks/gpu_check.py                        # CUDA: ViT-B-32 at 224 px, fp16 + GradScaler, 50 steps
+    python benchmarks/gpu_check.py --params params/paper_corrected.yaml   # ... bf16 (the corrected protocol)
     python benchmarks/gpu_check.py --weights              # ... with OpenAI's weights (downloads once)
     python benchmarks/gpu_check.py --device cpu --steps 5 # CPU: the rehearsal's small towers, fp32, 1 thread
 
@@ -52,7 +56,7 @@ from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, build_image_cache
 from cglib.models import ClipModel, Towers, build_model, pixels_to_tensor
 from cglib.train.objectives import OBJECTIVES, GroupFeatures, objective_with
-from cglib.train.optim import build_optimizer, warmup_cosine
+from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
 
 # the paper's image-text objectives from the registry, then open_clip's own ClipLoss as the reference
 LOSSES = (*(name for name, cls in OBJECTIVES.items() if cls.phase == "train" and not cls.related), "openclip")
@@ -119,6 +123,7 @@ def run_loss(name: str, bundle: ClipModel, batches, args, t, device: torch.devic
     towers = Towers(bundle.model)
     loss_fn = make_loss(name, t)
     optimizer = build_optimizer(bundle.model, t.lr, t.weight_decay, betas=t.adam_betas, eps=t.adam_eps)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)  # as training: fp16 needs scaling
     total = args.warmup + args.steps
     scheduler = warmup_cosine(optimizer, min(t.warmup_steps, total - 1), total)
     m, n = t.groups_per_batch, t.pairs_per_group
@@ -144,10 +149,12 @@ def run_loss(name: str, bundle: ClipModel, batches, args, t, device: torch.devic
             t2 = sync()
             loss = loss_fn(image.reshape(m, n, -1), text.reshape(m, n, -1))
             t3 = sync()
-        loss.backward()
+        scaler.scale(loss).backward()
         t4 = sync()
+        scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_([p for p in bundle.model.parameters() if p.requires_grad], t.grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         t5 = sync()
@@ -181,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", choices=("vit-b-32", "rehearsal"), help="the paper's ViT-B-32 (default on CUDA) "
                         "or the rehearsal profile's small towers on the same code path (default on CPU)")
     parser.add_argument("--weights", action="store_true", help="download and load OpenAI's weights")
-    parser.add_argument("--amp", choices=("bf16", "fp16", "off"), help="default: bf16 on CUDA, off (fp32) on CPU")
+    parser.add_argument("--params", type=Path, default=REPO / "params" / "paper.yaml", help="the profile whose "
+                        "train section (M, N, optimizer, train.amp) the check runs (default: params/paper.yaml)")
+    parser.add_argument("--amp", choices=("profile", "bf16", "fp16", "off"), default="profile",
+                        help="profile (default): the profile's train.amp (paper.yaml: fp16 with a GradScaler on "
+                        "CUDA; every profile: fp32 on CPU); fp16 and bf16 need CUDA")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per loss")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per loss before timing")
     parser.add_argument("--num-workers", type=int, help="DataLoader workers (default: train.num_workers of "
@@ -204,15 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (1 if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    paper = load_params(REPO / "params" / "paper.yaml", check_paths=False)
+    paper = load_params(args.params, check_paths=False)
     t = paper.train
     args.epochs = args.epochs or t.epochs
     arch = args.arch or ("vit-b-32" if device.type == "cuda" else "rehearsal")
-    amp_name = args.amp or ("bf16" if device.type == "cuda" else "off")
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp_name]
-    if amp is torch.float16:
-        print("error: --amp fp16 needs a GradScaler, which this check does not run; use bf16 or off", file=sys.stderr)
+    if args.amp in ("bf16", "fp16") and device.type != "cuda":
+        print(f"error: --amp {args.amp} needs CUDA; on CPU use --amp off (or profile: fp32)", file=sys.stderr)
         return 2
+    amp = amp_dtype(t.amp if args.amp == "profile" else args.amp, device)
+    amp_name = {torch.bfloat16: "bf16", torch.float16: "fp16 + GradScaler", None: "off (fp32)"}[amp]
+    amp_name += f" (train.amp: {t.amp} of {args.params.name})" if args.amp == "profile" else ""
     workers = args.num_workers if args.num_workers is not None else (t.num_workers if device.type == "cuda" else 0)
 
     bundle = build_model(model_params(arch, args.weights), device=device)

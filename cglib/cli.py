@@ -124,6 +124,20 @@ def _figures(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare_protocols(args: argparse.Namespace) -> int:
+    from cglib.evaluate.training_changes import write_training_changes  # lazy: pandas; light --help
+
+    try:
+        changes, paths = write_training_changes(args.corrected_run, args.published_run, args.out)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(paths["md"].read_text(encoding="utf-8"))
+    print(f"{len(changes)} cells, {int(changes['significant'].sum())} significant after Holm; written to "
+          f"{paths['csv']} and {paths['md']}")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from cglib.report import (  # lazy: numpy, nbconvert; keeps cglib --help light
         NotARunDirectory,
@@ -321,6 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--formats", help="comma-separated, e.g. png,pdf (default: viz.formats of the run)")
     p.set_defaults(func=_figures)
+
+    p = sub.add_parser("compare-protocols", help="what the training corrections change: Table 3 of two finished "
+                       "runs of one params file, trained corrected and as published (run.protocol), cell by cell "
+                       "with paired CIs; exit 0 written, 2 the folders are not such twins")
+    p.add_argument("corrected_run", help="the run folder trained with run.protocol: corrected")
+    p.add_argument("published_run", help="the run folder trained with run.protocol: as_published")
+    p.add_argument("--out", help="folder for training_changes.csv/.md (default: CORRECTED_RUN/evaluation)")
+    p.set_defaults(func=_compare_protocols)
 
     p = sub.add_parser("report", help="a run's executed notebooks as a static HTML report (index with Table 3, "
                        "Table 1 and Fig. 4, one page per notebook, figures embedded); exit 0 ok (missing pieces "

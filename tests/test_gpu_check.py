@@ -44,11 +44,14 @@ def test_cpu_run_prints_positive_figures_for_every_loss() -> None:
         assert figures["projected_h"] == pytest.approx(5 * 6500 * figures["step_ms"] / 1e3 / 3600, rel=1e-3)
     assert rows["openclip"]["vs_clip_loss"] == 1.0
     assert re.search(r"device: CPU .* 7\.\dM parameters, 64 px", done.stdout)
+    assert "amp off (fp32) (train.amp: auto_fp16 of paper.yaml)" in done.stdout  # the authors' fp16 is GPU-only
 
 
 def test_bad_arguments_exit_2() -> None:
     """Unknown losses are refused; without CUDA, --device cuda says to use --device cpu."""
     assert run("--device", "cpu", "--losses", "clip,nope").returncode == 2
+    done = run("--device", "cpu", "--amp", "fp16")
+    assert done.returncode == 2 and "needs CUDA" in done.stderr
     if not torch.cuda.is_available():
         done = run("--device", "cuda")
         assert done.returncode == 2 and "--device cpu" in done.stderr

@@ -70,3 +70,48 @@ def test_the_figure_draws_the_threshold_on_every_level():
         lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
         assert len(lines) == 1 and math.isclose(lines[0].get_xdata()[0], 0.85)
     assert axes[0].get_title() == "l1: 17% of 6 above 0.85"
+
+
+def test_a_calibrated_threshold_gives_the_asked_share_of_nodes_a_hard_negative():
+    """magic.hard_negative_sim: calibrated sets, per level, the threshold below the nearest-neighbour cosines of
+    about hard_negative_coverage of the nodes: that share (or the next count up) then has a real hard negative."""
+    from cglib.magic.negatives import calibrated_threshold, hard_negatives
+    from cglib.magic.negatives import nearest_neighbour_cosines as nn_cosines
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 16))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    nearest = nn_cosines(x)
+    brute = (x @ x.T) - 3 * np.eye(len(x))
+    assert np.allclose(nearest, brute.max(axis=1))
+    for coverage in (0.5, 0.9):
+        threshold = calibrated_threshold(x, coverage)
+        found = hard_negatives([f"l1:{i:03d}" for i in range(len(x))], x, threshold)
+        given = sum(bool(v) for v in found.hard.values())
+        # mutual nearest neighbours share a cosine: the node tied with the last one counted comes along
+        assert math.ceil(coverage * len(x)) <= given <= math.ceil(coverage * len(x)) + 1
+    assert calibrated_threshold(x[:1], 0.9) == 1.0  # a lone node: no pair
+    with pytest.raises(ValueError, match="records no per-level thresholds"):
+        hard_negative_coverage(calibrated_magic([0.9, 0.4, 0.5, 0.6, 0.7, 0.8]), "calibrated")
+
+
+def test_a_calibrated_build_records_each_levels_threshold_and_notebook_03_reads_it():
+    from cglib.config import Params
+    from cglib.magic import build_magic
+    from tests.test_magic import FixedEmbedder, dataset_for, fake_generalizer, make_chains, unit
+
+    chains = make_chains([(6, ["tennis", "sport"]), (6, ["wedding", "party"]), (6, ["birthday", "party"])])
+    embedder = FixedEmbedder({"tennis": unit(1, 0, 0), "wedding": unit(0, 0.3, 1), "birthday": unit(0, 1, 0.6)})
+    params = Params.model_validate({"magic": {"size_min": 5, "sim_min": 0.99, "l_max": 2,
+                                              "hard_negative_sim": "calibrated", "hard_negative_coverage": 0.6}})
+    magic = build_magic(dataset_for(chains), chains, params, generalizer=fake_generalizer(), embedder=embedder,
+                        progress=False)
+    settings = magic.stats["settings"]
+    assert settings["hard_negative_sim"] == "calibrated" and settings["hard_negative_coverage"] == 0.6
+    by_level = settings["hard_negative_sim_by_level"]
+    assert set(by_level) == {"l1", "l2"}
+    coverage = hard_negative_coverage(magic)  # the recorded thresholds
+    assert coverage.loc["l1", "threshold"] == pytest.approx(by_level["l1"])
+    assert (coverage.loc["l1", "share"], coverage.loc["l2", "share"]) == (2 / 3, 1.0)  # ceil(0.6 * 3), ceil(0.6 * 2)
+    fig = plot_nearest_neighbour_cosines(magic)
+    assert fig.axes[0].get_title().endswith(f"above {by_level['l1']:.2f}")

@@ -77,6 +77,17 @@ def test_openai_embedder_talks_to_an_openai_compatible_server(monkeypatch):
     assert {r["auth"] for r in server.requests} == {"Bearer sk-test"}
 
 
+def test_the_authors_imported_embedder_is_one_key_away(monkeypatch):
+    """The paper profiles' stated alternative (a guess at the published embedder): embedder openai with
+    embedder_model text-embedding-ada-002 asks the server for that model."""
+    monkeypatch.setenv("MAGIC_TEST_KEY", "sk-test")
+    with EmbeddingsServer() as server:
+        params = Params.model_validate({"llm": {"base_url": server.url, "api_key_env": "MAGIC_TEST_KEY"},
+                                        "magic": {"embedder": "openai", "embedder_model": "text-embedding-ada-002"}})
+        emb.make_embedder(params)(["birthday party"])
+    assert [r["model"] for r in server.requests] == ["text-embedding-ada-002"]
+
+
 def test_openai_embedder_without_key_names_the_variable(monkeypatch):
     """A missing API key is an error naming the environment variable to set."""
     monkeypatch.delenv("MAGIC_ABSENT_KEY", raising=False)

@@ -62,7 +62,7 @@ def test_one_request_per_image_of_every_split_with_only_its_own_captions_and_cha
 def test_count_per_image_is_configurable():
     """llm.generalized_captions_per_image sets n in every request."""
     magic, _ = built()
-    assert {r.n for r in image_requests(magic, 3)} == {3}
+    assert {r.n for requests in image_requests(magic, 3).values() for r in requests} == {3}
 
 
 def test_failed_image_keeps_its_own_captions_flagged_and_counted():

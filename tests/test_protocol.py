@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from cglib.config import Params, TrainParams, load_params
+from cglib.config import MagicParams, Params, TrainParams, load_params
 from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX, protocol_value
 from cglib.train.inputs import run_spec
 from cglib.train.objectives import objective_with
@@ -26,13 +26,20 @@ def options_of(params: Params, name: str) -> dict:
     return run_spec(params, entry)["run"].get("options", {})
 
 
+def value_of(params: Params, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(params, section), name)
+
+
 def test_corrected_is_the_schema_default():
-    """Every corrected value equals what a params file without run.protocol gets: the umbrella's default changes
-    nothing, and the default runs' options resolve to the printed equations."""
-    train = TrainParams()
+    """Every corrected value equals what a params file without run.protocol gets and what the schema's own
+    defaults are: the umbrella's default changes nothing, and the default runs' options resolve to the printed
+    equations."""
+    schema_defaults = Params.model_construct(train=TrainParams(), magic=MagicParams())
     for d in DIFFERENCES:
         if not d.key.startswith(OPTION_PREFIX):
-            assert getattr(train, d.key.split(".")[1]) == pytest.approx(d.corrected), d.key
+            assert value_of(schema_defaults, d.key) == pytest.approx(d.corrected), d.key
+            assert value_of(Params(), d.key) == pytest.approx(d.corrected), d.key
     params = Params.model_validate({"train": {"runs": RUNS}})
     assert params.run.protocol == "corrected"
     assert options_of(params, "pairwise")["alpha_on"] == "inner" and not options_of(params, "pairwise")["normalize_products"]
@@ -46,6 +53,9 @@ def test_as_published_sets_every_key_the_file_leaves_unset_and_a_set_key_wins():
     assert t.weight_decay == 0.05  # the file's own value
     assert (t.warmup_steps, t.adam_betas, t.adam_eps, t.amp, t.tau_inner) == (1430, (0.9, 0.999), 1e-8, "auto_fp16",
                                                                               0.07)
+    assert params.magic.generalize == "level"
+    assert Params.model_validate({"run": {"protocol": "as_published"},
+                                  "magic": {"generalize": "image"}}).magic.generalize == "image"
     assert options_of(params, "pairwise") == {"tau_inner": 0.07, "alpha": 0.7, "alpha_on": "outer",
                                               "normalize_products": True}
     assert options_of(params, "centroid")["alpha_on"] == "outer"
@@ -67,8 +77,8 @@ def test_the_protocol_changes_the_spec_of_the_runs_it_changes():
 
 
 def test_paper_profiles_differ_only_in_name_and_protocol():
-    """params/paper_corrected.yaml is params/paper.yaml with run.protocol corrected (and its own run name), and
-    its pretraining rows without the concept names."""
+    """params/paper_corrected.yaml is params/paper.yaml with run.protocol corrected (and its own run name); the
+    pretraining rows take their targets from the protocol (the authors' with_concepts, our leakage_free)."""
     def flat(tree, prefix=""):
         out = {}
         for key, value in tree.items():
@@ -78,20 +88,30 @@ def test_paper_profiles_differ_only_in_name_and_protocol():
     paper, corrected = (flat(yaml.safe_load((REPO / "params" / f).read_text())) for f in
                         ("paper.yaml", "paper_corrected.yaml"))
     assert {k for k in paper.keys() | corrected.keys() if paper.get(k) != corrected.get(k)} == {
-        "run.name", "run.protocol", "train.runs"}
-    # the runs differ only in the pretraining rows' targets: the authors' with_concepts, our leakage_free
-    strip = [{k: v for k, v in r.items() if k != "pretrain"} for r in paper["train.runs"]]
-    assert strip == [{k: v for k, v in r.items() if k != "pretrain"} for r in corrected["train.runs"]]
-    assert {r.get("pretrain") for r in paper["train.runs"]} == {None, "with_concepts"}
-    assert {r.get("pretrain") for r in corrected["train.runs"]} == {None, "leakage_free"}
+        "run.name", "run.protocol"}
     assert (paper["run.protocol"], corrected["run.protocol"]) == ("as_published", "corrected")
     published = load_params(REPO / "params" / "paper.yaml", check_paths=False)
     corrected = load_params(REPO / "params" / "paper_corrected.yaml", check_paths=False)
     for d in DIFFERENCES:
         if not d.key.startswith(OPTION_PREFIX):
-            name = d.key.split(".")[1]
-            assert getattr(published.train, name) == pytest.approx(d.as_published), d.key
-            assert getattr(corrected.train, name) == pytest.approx(d.corrected), d.key
+            assert value_of(published, d.key) == pytest.approx(d.as_published), d.key
+            assert value_of(corrected, d.key) == pytest.approx(d.corrected), d.key
+    assert {r.pretrain for r in published.train.runs} == {"none", "with_concepts"}
+    assert {r.pretrain for r in corrected.train.runs} == {"none", "leakage_free"}
+
+
+def test_pretrain_true_takes_the_protocols_targets_and_an_explicit_value_stays():
+    runs = [{"name": "p", "loss": "pairwise", "pretrain": True}, {"name": "q", "loss": "pairwise", "pretrain": False},
+            {"name": "r", "loss": "centroid", "pretrain": "leakage_free"}]
+    published = Params.model_validate({"run": {"protocol": "as_published"}, "train": {"runs": runs}})
+    assert [r.pretrain for r in published.train.runs] == ["with_concepts", "none", "leakage_free"]
+    own = Params.model_validate({"run": {"protocol": "as_published"},
+                                 "train": {"pretrain_targets": "leakage_free", "runs": runs}})
+    assert own.train.runs[0].pretrain == "leakage_free"
+    explicit = Params.model_validate({"run": {"protocol": "as_published"},
+                                      "train": {"runs": [{**runs[0], "pretrain": "with_concepts"}]}})
+    plain = Params.model_validate({"run": {"protocol": "as_published"}, "train": {"runs": runs[:1]}})
+    assert run_spec(explicit, explicit.train.runs[0])["run"] == run_spec(plain, plain.train.runs[0])["run"]
 
 
 def test_the_authors_optimizer_as_their_main_py_builds_it():
@@ -149,3 +169,51 @@ def test_a_learned_clip_scale_trains_clamps_saves_and_resumes_exactly(tmp_path):
     assert log1 == log2 and all(torch.equal(w1[k], w2[k]) for k in w1)
     again = load_file(str(tmp_path / "parts" / "training" / "c" / "logit_scale.safetensors"))["logit_scale"]
     assert torch.equal(saved, again)
+
+
+class RecordingObjective(torch.nn.Module):
+    """Stands in for a run's objective inside GroupTask: keeps the text ids it is handed."""
+
+    def forward(self, batch):
+        self.text_ids = batch.text_ids
+        return {"loss": batch.image.sum() * 0}
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_unmasked_as_published_hands_the_objective_no_text_ids(mask):
+    """train.mask_identical_texts (as published: false) decides whether the batch's text ids reach the objective;
+    the as-published protocol sets it false, corrected true, and a true value leaves the run's spec as before."""
+    from cglib.config import ModelParams
+    from cglib.models import build_model
+    from cglib.train.step import GroupTask
+
+    torch.manual_seed(0)
+    bundle = build_model(ModelParams(name="cglib-tiny-vit", text_tower="minilm"))
+    table = torch.nn.functional.normalize(torch.randn(3, bundle.embed_dim), dim=-1)
+    objective = RecordingObjective()
+    task = GroupTask(bundle, objective, table, mask_identical_texts=mask)
+    ids = torch.tensor([0, 1, 1, 2])  # the second group repeats a caption of the first
+    task({"pixels": torch.zeros(4, 32, 32, 3, dtype=torch.uint8), "m": 2, "n": 2,
+          "text_rows": torch.tensor([0, 1, 1, 2]), "text_ids": ids})
+    assert torch.equal(objective.text_ids, ids.reshape(2, 2)) if mask else objective.text_ids is None
+    protocol = "corrected" if mask else "as_published"
+    params = Params.model_validate({"run": {"protocol": protocol}, "train": {"runs": RUNS}})
+    assert params.train.mask_identical_texts is mask
+    assert ("mask_identical_texts" in run_spec(params, params.train.runs[0])["train"]) is not mask
+
+
+def test_the_unmasked_clip_loss_is_the_authors_cliploss_on_a_batch_with_a_repeated_caption():
+    """Their train.py's open_clip ClipLoss: cross-entropy over cos * scale with labels arange, both directions,
+    averaged; ours without text ids is that loss, and masking the repeated caption changes it."""
+    from cglib.losses import clip_loss
+
+    torch.manual_seed(0)
+    image = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
+    text[2] = text[1]  # two pairs share a caption
+    logits = image @ text.T / 0.07
+    labels = torch.arange(4)
+    theirs = (torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+    assert torch.allclose(clip_loss(image, text, tau=0.07), theirs, atol=1e-6)
+    masked = clip_loss(image, text, tau=0.07, text_ids=torch.tensor([0, 1, 1, 2]))
+    assert not torch.allclose(masked, theirs, atol=1e-3)

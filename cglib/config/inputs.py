@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cglib.config.base import Section
 
@@ -98,6 +98,10 @@ class LLMParams(Section):
                                                 "(magic.generalize: image; the paper pairs each image with one).")
     generalize_image_prompt_version: str = Field("gi-v1", description="Version of the per-image LLM_gen prompt "
                                                  "(cglib/llm/prompts/generalize_image/); part of the cache key.")
+    generalize_level_prompt_version: str = Field("gl-v1", description="Version of the per-image, per-level LLM_gen "
+                                                 "prompt (magic.generalize: level; cglib/llm/prompts/"
+                                                 "generalize_level/; its temperature is the file's); part of the "
+                                                 "cache key.")
     cache_path: Path | None = Field(None, description="SQLite cache file; null = `<run>/abstraction/cache.sqlite`; "
                                     "relative paths resolve against the run directory.")
     retry_failed: bool = Field(False, description="Ask again for items whose reply failed validation in an earlier run "
@@ -127,7 +131,14 @@ class MagicParams(Section):
     l_max: int = Field(4, ge=1, le=8, description="Number of abstraction levels (l1..l_max).")
     size_min: int = Field(5, ge=1, description="Nodes with fewer images merge or are removed (Size_min).")
     sim_min: float = Field(0.9, ge=-1.0, le=1.0, description="Concept cosine needed to merge a small node (Sim_min).")
-    hard_negative_sim: float = Field(0.85, ge=-1.0, le=1.0, description="Cosine above which same-level nodes are hard negatives.")
+    hard_negative_sim: float | Literal["calibrated"] = Field(
+        0.85, description="Cosine above which same-level nodes are hard negatives (-1..1), or calibrated: per level, "
+        "the cosine above which about hard_negative_coverage of the nodes have one (their nearest neighbour lies "
+        "above it), recorded in stats.json's settings.hard_negative_sim_by_level.")
+    hard_negative_coverage: float = Field(
+        0.9, gt=0.0, lt=1.0, description="hard_negative_sim: calibrated: the share of each level's nodes given a hard "
+        "negative (0.9: nearly every node, as the paper's 0.85 gave an embedder whose cosines crowd near 1; the "
+        "authors' epoch drops a concept without one).")
     min_hard_negatives: int = Field(0, ge=0, description="Guarantee at least k hard negatives per node (flagged fallbacks).")
     max_hard_negatives: int | None = Field(
         None, ge=1, description="Keep each node's K most similar threshold negatives (a pair kept by either node "
@@ -142,9 +153,11 @@ class MagicParams(Section):
     split: Literal["image", "concept"] = Field(
         "image", description="image: 80/20 within each l1 node (paper); concept: held-out l1 concepts.")
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Fraction of images (or concepts) held out for test.")
-    generalize: Literal["image", "group"] = Field(
-        "image", description="LLM_gen granularity: image = one request per image (its captions, l1 concept and "
-        "ancestors -> its own generalized captions; paper Sec. 3.1 step 5 and the authors' code); group = "
+    generalize: Literal["image", "level", "group"] = Field(
+        "image", description="LLM_gen granularity (a protocol key: run.protocol sets it when unset): image = one "
+        "request per image (its captions, l1 concept and ancestors -> llm.generalized_captions_per_image captions; "
+        "the paper's step list, our choice); level = one request per image and level l1..l_max, each given that "
+        "level's concept alone, one caption back (the authors' generate_new_caption.py: as published); group = "
         "captions pooled per l1 node (Algorithm 1 as printed; the project's first version).")
     source: str = Field(
         "build", min_length=1, description="Where MAGIC comes from: build (notebooks 02-03 run the abstraction and "
@@ -154,6 +167,13 @@ class MagicParams(Section):
     generalize_from: Literal["train", "all"] = Field(
         "train", description="Captions sent to LLM_gen: train (a node's training images; held-out concepts use all) "
         "or all (the paper's code: every image, test images included).")
+
+    @field_validator("hard_negative_sim")
+    @classmethod
+    def _cosine_or_calibrated(cls, value: float | str) -> float | str:
+        if isinstance(value, float) and not -1.0 <= value <= 1.0:
+            raise ValueError(f"{value} is no cosine: use a value in [-1, 1], or calibrated")
+        return value
 
 
 class NgramParams(Section):

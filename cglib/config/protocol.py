@@ -33,6 +33,12 @@ class Difference:
 
 
 DIFFERENCES: tuple[Difference, ...] = (
+    Difference("magic.generalize", "level", "image", "generalized captions (LLM_gen): one request per image and "
+               "level, given that level's concept alone, one caption each at temperature 0.7 (the image's captions: "
+               "its l1..l4 level captions) vs one request per image with its l1 concept and ancestors and "
+               "llm.generalized_captions_per_image captions at llm.temperature",
+               "authors' generate_new_caption.py (generate_level_captions, ChatOpenAI temperature 0.7); their "
+               "generate.ipynb generates per l1 group and never fills the concept in (not an f-string)"),
     Difference("train.weight_decay", 4.5269353639276774e-05, 0.2, "AdamW weight decay (matrices only)",
                "authors' params.py: --wd default 4.53e-5; ours: open_clip's fine-tuning default"),
     Difference("train.warmup_steps", 1430, 100, "linear warmup steps before the cosine decay",
@@ -49,10 +55,17 @@ DIFFERENCES: tuple[Difference, ...] = (
                "fallbacks, draws random chunks without replacement and uses every chunk",
                "authors' data.py TrainConceptDataset, get_dataset (batch_size M, drop_last) and train.py "
                "(the first M groups of each collated batch)"),
+    Difference("train.mask_identical_texts", False, True, "whether identical texts of an image-text batch are kept "
+               "from being each other's negatives (with M-1 hard-negative groups a caption can recur in a batch)",
+               "authors' train.py and loss.py: open_clip ClipLoss and their group losses, labels = arange, no mask"),
     Difference("train.pretrain_pairs", "as_published", "distinct_targets", "textual pretraining's batches and "
                "temperature: every caption with every target in shuffled batches, unmasked, learned logit scale vs "
                "distinct targets (at most one per group) at the fixed tau", "authors' data.py PretrainDataset, "
                "pretrain.py (ClipLoss with model.logit_scale.exp(), clamp_(0, ln 100))"),
+    Difference("train.pretrain_targets", "with_concepts", "leakage_free", "the texts the captions are pretrained "
+               "against in a run entry with pretrain: true: generalized captions and the l1-l4 names (the evaluation "
+               "queries: such rows are marked exposed) vs generalized captions only",
+               "authors' data.py PretrainDataset (new_captions, then level1..level4)"),
     Difference("train.pretrain_epochs", 7, 1, "epochs of textual pretraining", "authors' pretrain_configuration.yml"),
     Difference("train.pretrain_lr", 1.8748186634898305e-05, 1e-5, "learning rate of textual pretraining",
                "authors' pretrain_configuration.yml"),

@@ -37,7 +37,8 @@ class TrainRunParams(Section):
         "init the re run). A run inherits its init's exposure to evaluation strings.")
     pretrain: Literal["none", "leakage_free", "with_concepts"] = Field(
         "none", description="Textual alignment pretraining: none; leakage_free (captions vs generalized captions); "
-        "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings).")
+        "with_concepts (the authors' variant, also vs l1-l4 names: exposed to evaluation strings). In a params "
+        "file, true means train.pretrain_targets (the protocol's targets) and false none.")
     text_source: Literal["generalized", "original"] | None = Field(
         None, description="Override train.text_source for this run (null = train.text_source): original trains on "
         "each image's own captions, e.g. a baseline whose hard negatives rewrite caption keywords.")
@@ -134,6 +135,18 @@ class TrainParams(Section):
             raise ValueError(f"these keys are now options of their objective's run entry: {where} (see `cglib params`)")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pretrain_targets(cls, data: Any) -> Any:
+        """A run entry's `pretrain: true` takes train.pretrain_targets, `false` none, so the paper profiles' rows
+        are the same in both protocols and the resolved targets are what the run's spec and provenance show."""
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            return data
+        targets = data.get("pretrain_targets", cls.model_fields["pretrain_targets"].default)
+        runs = [{**r, "pretrain": targets if r["pretrain"] else "none"}
+                if isinstance(r, dict) and isinstance(r.get("pretrain"), bool) else r for r in data["runs"]]
+        return {**data, "runs": runs}
+
     runs: list[TrainRunParams] = Field(
         default_factory=lambda: [TrainRunParams(name="clip", loss="clip"),
                                  TrainRunParams(name="pairwise", loss="pairwise"),
@@ -150,6 +163,10 @@ class TrainParams(Section):
         "than M-1 hard negatives dropped, negatives with replacement, always their first chunk, and only every M-th "
         "shuffled chunk an anchor. groups: one batch per training group (each group the anchor once, N pairs drawn "
         "from it); about pairs-per-group times fewer steps.")
+    mask_identical_texts: bool = Field(
+        True, description="Whether two identical texts of an image-text batch are never each other's negatives "
+        "(the batch's text_ids reach every objective; a protocol key). false: the authors' code, where a caption "
+        "shared by two pairs of a batch is a negative of its own image.")
     lr: float = Field(1e-8, gt=0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(0.2, ge=0, description="AdamW weight decay (not on biases, norms, logit scale).")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps before the cosine decay.")
@@ -167,6 +184,9 @@ class TrainParams(Section):
         "the authors' code ran (0.9, 0.999) (its parameter defaults test the model name for 'vit').")
     adam_eps: float = Field(1e-6, gt=0, description="AdamW epsilon (open_clip's ViT recipe; the authors' code: "
                             "1e-8).")
+    pretrain_targets: Literal["leakage_free", "with_concepts"] = Field(
+        "leakage_free", description="The targets of a run entry with pretrain: true (a protocol key): leakage_free "
+        "(generalized captions only) or with_concepts (also the l1-l4 names, the authors' PretrainDataset).")
     pretrain_epochs: int = Field(1, ge=0, description="Epochs of textual alignment pretraining.")
     pretrain_pairs: Literal["distinct_targets", "as_published"] = Field(
         "distinct_targets", description="Textual pretraining batches and loss. distinct_targets: distinct targets, "

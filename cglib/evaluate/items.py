@@ -103,7 +103,7 @@ def build_items(magic: MagicFile, available: set[str] | None = None,
     chains = {i: [magic.nodes[n].name for n in chain_ids[i]] for i in image_ids}
     levels = list(range(1, magic.l_max + 1))
     ancestors = {k: [chain_ids[i][k - 1] for i in image_ids] for k in levels}
-    fallback = [magic.images[i].generalized_fallback if magic.generalize == "image"
+    fallback = [magic.images[i].generalized_fallback if magic.per_image
                 else magic.nodes[magic.images[i].node].generalized_fallback for i in image_ids]
     generalized = tuple(() if flagged and not include_generalized_fallback else tuple(magic.generalized_texts(i))
                         for i, flagged in zip(image_ids, fallback))
@@ -112,7 +112,7 @@ def build_items(magic: MagicFile, available: set[str] | None = None,
         text_exclusions["generalized"] = {FALLBACK_REASON: sum(fallback)}
     fields = [
         TextField("caption", DAG, tuple(tuple(magic.images[i].captions) for i in image_ids), unit="image"),
-        TextField("generalized", DAG, generalized, unit="image" if magic.generalize == "image" else "group"),
+        TextField("generalized", DAG, generalized, unit="image" if magic.per_image else "group"),
     ]
     fields += [TextField(f"l{k}", DAG, tuple((chains[i][k - 1],) for i in image_ids), unit="query", level=k)
                for k in levels]

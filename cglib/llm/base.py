@@ -86,19 +86,34 @@ class ConceptTask:
 @dataclass(frozen=True)
 class GroupRequest:
     """Ask for `n` generalized captions (LLM_gen, PAPER_NOTES step 5) of one l1 node (scope "group": the
-    pooled captions of its images) or of one image (scope "image": `group_id` is the image id, `captions` its
-    own captions, `concept` its l1 concept and `parents` the concept's ancestors l2..l_max)."""
+    pooled captions of its images), of one image (scope "image": `group_id` is the image id, `captions` its
+    own captions, `concept` its l1 concept and `parents` the concept's ancestors l2..l_max) or of one image at
+    one level (scope "level": `concept` is the image's concept at `level`, no parents)."""
 
     group_id: str
     concept: str
     parents: list[str]
     captions: list[str]
     n: int
-    scope: Literal["group", "image"] = "group"
+    scope: Literal["group", "image", "level"] = "group"
+    level: int = 1  # the level `concept` names (parents follow it upwards)
 
     @property
     def item_id(self) -> str:
         return self.group_id
+
+
+def image_caption_requests(image_id: str, captions: list[str], names: list[str], mode: str,
+                           n: int) -> list[GroupRequest]:
+    """The LLM_gen requests of one image whose chain has `names` (l1 first): one with its l1 concept and
+    ancestors asking for `n` captions (mode "image"), or one per level asking for one caption given that level's
+    concept alone (mode "level", the authors' generate_level_captions; ids `<image id>:l<k>`)."""
+    if mode == "image":
+        return [GroupRequest(image_id, names[0], list(names[1:]), list(captions), n, scope="image")]
+    if mode == "level":
+        return [GroupRequest(f"{image_id}:l{k}", name, [], list(captions), 1, scope="level", level=k)
+                for k, name in enumerate(names, start=1)]
+    raise ValueError(f"per-image generalized captions are asked per image or per level, not {mode!r}")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cglib.config import LLMParams, Params
-from cglib.llm.base import ConceptTask, GroupRequest, estimate_tokens
+from cglib.llm.base import ConceptTask, GroupRequest, estimate_tokens, image_caption_requests
 from cglib.llm.openai_backend import chat_payload
 
 CONCEPT_REPLY_TOKENS = 12  # {"concept": "birthday party"}
@@ -39,6 +39,11 @@ def cost_usd(input_tokens: float, output_tokens: float, llm: LLMParams, price_fa
 
 def _filler(chars: int) -> str:
     return ("word " * (chars // 5 + 1))[:chars]
+
+
+def _stand_in_names(names: list[str], l_max: int) -> list[str]:
+    """A chain's names l1..l_max, the levels not known yet filled with stand-ins of a concept name's length."""
+    return list(names[:l_max]) + [_filler(14 if k == 0 else 12) for k in range(len(names), l_max)]
 
 
 def estimate_concept_requests(params: Params, captions: list[list[str]], sample: int = 200) -> dict[str, Any]:
@@ -83,21 +88,23 @@ def estimate_payloads(params: Params, payloads: list[dict], reply_tokens: list[i
 
 def estimate_image_generalize_requests(params: Params, items: list[tuple[list[str], list[str]]],
                                        sample: int = 200) -> dict[str, Any]:
-    """Estimated tokens and cost of per-image generalized captions for (captions, chain names) items."""
+    """Estimated tokens and cost of per-image generalized captions (magic.generalize: image, or level: one
+    request per level) for (captions, chain names) items; unknown names are stand-ins of a concept's length."""
     n_items = len(items)
     if not n_items:
         return {"requests": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "max_request_usd": 0.0}
     step = max(1, n_items // sample)
     shown = items[::step][:sample]
-    n = params.llm.generalized_captions_per_image
-    bodies = [chat_payload(params, GroupRequest("i", names[0] if names else _filler(14),
-                                                list(names[1:]) or [_filler(12)] * (params.magic.l_max - 1),
-                                                list(caps), n, scope="image")) for caps, names in shown]
-    est = estimate_payloads(params, bodies, [n * CAPTION_REPLY_TOKENS] * len(bodies))
-    scale = n_items / len(bodies)
+    l_max = params.magic.l_max
+    requests = [r for caps, names in shown
+                for r in image_caption_requests("i", list(caps), _stand_in_names(names, l_max),
+                                                params.magic.generalize, params.llm.generalized_captions_per_image)]
+    est = estimate_payloads(params, [chat_payload(params, r) for r in requests],
+                            [r.n * CAPTION_REPLY_TOKENS for r in requests])
+    scale = n_items / len(shown)
     tin, tout = est["input_tokens"] * scale, est["output_tokens"] * scale
     factor = params.llm.batch_price_factor if params.llm.batch_api else 1.0
-    return {"requests": n_items, "input_tokens": int(tin), "output_tokens": int(tout),
+    return {"requests": round(len(requests) * scale), "input_tokens": int(tin), "output_tokens": int(tout),
             "cost_usd": round(cost_usd(tin, tout, params.llm, factor), 4), "max_request_usd": est["max_request_usd"]}
 
 
@@ -126,7 +133,7 @@ def estimate_full_coco(params: Params, images: int = COCO_TRAIN_IMAGES, captions
         per_image = estimate_concept_requests(p, caps)  # every image has the same stand-in captions: scale one
         tin = images * sum(per_image["input_tokens_per_level"])
         tout = images * params.magic.l_max * CONCEPT_REPLY_TOKENS
-        if params.magic.generalize == "image":
+        if params.magic.generalize != "group":
             one = estimate_image_generalize_requests(p, [(caps[0], [])])  # scale one (rounded costs would not)
             gen = {key: one[key] * images for key in ("requests", "input_tokens", "output_tokens")}
             gen["cost_usd"] = cost_usd(gen["input_tokens"], gen["output_tokens"], params.llm, factor)

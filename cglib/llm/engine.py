@@ -29,9 +29,9 @@ from cglib.llm.base import (
     ConceptTask,
     Failure,
     FatalBackendError,
-    GroupRequest,
     Job,
     Outcome,
+    image_caption_requests,
     run_sync,
 )
 from cglib.llm.cache import ResultCache
@@ -273,13 +273,14 @@ def _generalize_estimate(params: Params, cache: ResultCache | None, dataset: Cap
     if params.magic.generalize == "group":
         groups = max(1, math.ceil(len(dataset.image_ids) / params.magic.size_min))
         return estimate_generalize_requests(params, groups, params.llm.generalize_max_captions)
-    n = params.llm.generalized_captions_per_image
-    gen_backend = make_generalizer(params, run_dir, "image")
-    keyed = {i: gen_backend.key(gen_backend.payload(GroupRequest(i, c[0], list(c[1:]), list(dataset.captions[i]), n,
-                                                                 scope="image"))) for i, c in complete.items()}
-    cached = cache.get_many(list(keyed.values())) if cache is not None and keyed else {}
+    mode, n = params.magic.generalize, params.llm.generalized_captions_per_image
+    gen_backend = make_generalizer(params, run_dir, mode)
+    keyed = {i: [gen_backend.key(gen_backend.payload(r))
+                 for r in image_caption_requests(i, list(dataset.captions[i]), c, mode, n)]
+             for i, c in complete.items()}
+    cached = cache.get_many([k for keys in keyed.values() for k in keys]) if cache is not None and keyed else {}
     items = [(list(dataset.captions[i]), complete.get(i, [])) for i in dataset.image_ids
-             if i not in keyed or keyed[i] not in cached]
+             if i not in keyed or any(k not in cached for k in keyed[i])]
     return estimate_image_generalize_requests(params, items)
 
 

@@ -1,13 +1,16 @@
 """LLM_gen requests (PAPER_NOTES step 5): generalized captions, per image or per l1 node, through the engine.
 
-A `GroupRequest` of scope "image" (magic.generalize: image, the paper's step list and the authors' code) asks
-for n captions of ONE image from its own captions, its l1 concept and that concept's ancestors; scope "group"
-(magic.generalize: group) asks for n captions of a whole l1 node from its pooled captions. Both go through the
+A `GroupRequest` of scope "image" (magic.generalize: image, the paper's step list) asks for n captions of ONE
+image from its own captions, its l1 concept and that concept's ancestors; scope "level" (magic.generalize:
+level, the authors' generate_new_caption.py) asks for one caption of one image at one level, given only that
+level's concept; scope "group" (magic.generalize: group) asks for n captions of a whole l1 node from its pooled
+captions. Both go through the
 abstraction engine: same client, retries, SQLite cache (resumable, zero repeated requests) and failure
 accounting by reason. Building the requests from the DAG and storing the answers is
 `cglib.magic.generalized_captions`' job.
 
-Backends: `openai` asks the LLM (the per-image prompt is versioned on its own, llm.generalize_image_prompt_version;
+Backends: `openai` asks the LLM (the per-image and per-level prompts are versioned on their own,
+llm.generalize_image_prompt_version and llm.generalize_level_prompt_version;
 a group prompt shows at most llm.generalize_max_captions of the node's captions, a seeded sample). `offline` is
 an honest, deterministic phrase counter: it keeps the phrases (objects, settings: runs of content words between
 function words, head noun singularized) that the most captions share (of the group, or of the one image) and
@@ -116,7 +119,7 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
                       progress: bool, scope: str = "group") -> GeneralizeResult:
     start = time.perf_counter()
     stats = Stats()
-    kind = "generalize" if scope == "group" else "generalize_image"
+    kind = {"group": "generalize", "image": "generalize_image", "level": "generalize_level"}[scope]
     out_dir = run_dir / "abstraction"
     estimate = None
     with ResultCache(cache_path(params, run_dir)) as cache:
@@ -143,13 +146,14 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
     by_level: Counter = Counter()  # every name the request showed (l1 and its ancestors), not l1 alone
     for r in requests:
         for c in captions.get(r.group_id, []):
-            by_level.update(k for k, name in enumerate([r.concept, *r.parents], start=1) if mentions_concept(c, name))
+            by_level.update(k for k, name in enumerate([r.concept, *r.parents], start=r.level)
+                            if mentions_concept(c, name))
     summary: dict[str, Any] = {
         "status": "complete", "scope": scope, "backend": backend.name, "model": backend.model,
         "prompt_version": backend.prompt_version, "groups": len(requests), "ok": len(captions),
         "failed": len(failures), "captions": sum(len(c) for c in captions.values()),
         "captions_mentioning_concept": mentions,
-        "captions_mentioning_level": {f"l{k}": by_level[k] for k in range(1, 1 + max((1 + len(r.parents)
+        "captions_mentioning_level": {f"l{k}": by_level[k] for k in range(1, 1 + max((r.level + len(r.parents)
                                                                                        for r in requests), default=0))},
         "estimate_before_run": estimate,
         "wall_s": round(time.perf_counter() - start, 3), **stats.as_dict(params, backend.price_factor),

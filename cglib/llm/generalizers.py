@@ -19,7 +19,7 @@ from cglib.config import Params
 from cglib.llm.base import Backend, GroupRequest, Job, Outcome, Report
 from cglib.llm.canonical import INVARIANT, canonicalize
 from cglib.llm.openai_backend import OpenAIBackend
-from cglib.llm.prompts import load_image_prompt
+from cglib.llm.prompts import load_image_prompt, load_level_prompt
 
 _FUNCTION_WORDS = """
 a an the and or but with without of in on at to from by for into onto over under above below behind beside
@@ -177,23 +177,29 @@ class OfflineGeneralizer(Backend):
 
     def payload(self, task: GroupRequest) -> dict:
         body = {"captions": list(task.captions), "n": task.n}
+        if task.scope == "level":  # it cannot use the level's concept: level k gets the k-th phrasing instead
+            return {**body, "scope": task.scope, "level": task.level}
         return body if task.scope == "group" else {**body, "scope": task.scope}  # group keys as before
 
     async def run(self, jobs: list[Job], report: Report) -> None:
         for job in jobs:
-            captions, meta = offline_generalize(job.payload["captions"], job.payload["n"])
-            report(job, Outcome(ok=True, value=captions, meta=meta))
+            n, skip = job.payload["n"], job.payload.get("level", 1) - 1
+            captions, meta = offline_generalize(job.payload["captions"], skip + n)
+            report(job, Outcome(ok=True, value=captions[skip:], meta=meta))
 
 
 def make_generalizer(params: Params, run_dir: Path, scope: str = "group") -> Backend:
     """The generalization backend for llm.backend (oracle falls back to the offline generalizer).
 
-    Per-image requests carry their own prompt version (llm.generalize_image_prompt_version) in the cache key
-    and in every row, so changing the concept prompts does not ask for them again.
+    Per-image and per-level requests carry their own prompt version (llm.generalize_image_prompt_version,
+    llm.generalize_level_prompt_version) in the cache key and in every row, so changing the concept prompts
+    does not ask for them again.
     """
     if params.llm.backend == "openai":
         backend = OpenAIBackend(params, work_dir=Path(run_dir) / "abstraction" / "batches")
         if scope == "image":
             backend.prompt_version = load_image_prompt(params.llm.generalize_image_prompt_version).version
+        elif scope == "level":
+            backend.prompt_version = load_level_prompt(params.llm.generalize_level_prompt_version).version
         return backend
     return OfflineGeneralizer()

@@ -51,6 +51,7 @@ from cglib.llm.prompts import (
     generalize_image_messages,
     generalize_messages,
     load_image_prompt,
+    load_level_prompt,
     load_prompts,
 )
 from cglib.llm.replies import ReplyError, check_message, message_of
@@ -145,18 +146,21 @@ def chat_payload(params: Params, task: ConceptTask | GroupRequest) -> dict:
     """The exact chat-completions body for a task under `params` (also used by the cost estimate)."""
     llm = params.llm
     prompts = load_prompts(llm.prompt_version)
+    temperature = llm.temperature
     if isinstance(task, ConceptTask):
         messages = concept_messages(prompts, list(task.captions), list(task.chain), params.magic.l_max)
         schema, name, max_tokens = CONCEPT_SCHEMA, "concept", llm.max_output_tokens
     else:
         shown = sample_captions(task.captions, llm.generalize_max_captions, params.run.seed, task.group_id)
-        if task.scope == "image":  # its own versioned prompt: only this image's captions and its chain's names
-            image_prompt = load_image_prompt(llm.generalize_image_prompt_version)
+        if task.scope in ("image", "level"):  # own versioned prompts: this image's captions and its names only
+            image_prompt = (load_image_prompt(llm.generalize_image_prompt_version) if task.scope == "image" else
+                            load_level_prompt(llm.generalize_level_prompt_version))
             messages = generalize_image_messages(image_prompt, task.concept, task.parents, shown, task.n)
+            temperature = llm.temperature if image_prompt.temperature is None else image_prompt.temperature
         else:
             messages = generalize_messages(prompts, task.concept, task.parents, shown, task.n)
         schema, name, max_tokens = GENERALIZE_SCHEMA, "generalized_captions", llm.max_output_tokens * task.n
-    body: dict[str, Any] = {"model": llm.model, "messages": messages, "temperature": llm.temperature,
+    body: dict[str, Any] = {"model": llm.model, "messages": messages, "temperature": temperature,
                             "max_tokens": max_tokens, "seed": params.run.seed}
     if llm.structured_output:
         body["response_format"] = {"type": "json_schema",

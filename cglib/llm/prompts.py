@@ -18,6 +18,7 @@ from cglib.llm.canonical import canonicalize
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
 IMAGE_PROMPT_DIR = PROMPT_DIR / "generalize_image"
+LEVEL_PROMPT_DIR = PROMPT_DIR / "generalize_level"
 
 CONCEPT_SCHEMA: dict = {
     "type": "object",
@@ -55,11 +56,14 @@ class PromptSet:
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """The per-image generalized-caption prompt of one version (llm.generalize_image_prompt_version)."""
+    """A generalized-caption prompt of one version: per image (llm.generalize_image_prompt_version) or per image
+    and level (llm.generalize_level_prompt_version). `temperature`, when the file sets one, replaces
+    llm.temperature for these requests (the authors' per-level script sampled at 0.7)."""
 
     version: str
     system: str
     user: str
+    temperature: float | None = None
 
 
 def available_versions() -> list[str]:
@@ -87,22 +91,34 @@ def load_prompts(version: str) -> PromptSet:
     return prompts
 
 
-@lru_cache(maxsize=8)
-def load_image_prompt(version: str) -> ImagePrompt:
-    """Load the per-image LLM_gen prompt `version`; a clear error names the available versions."""
-    path = IMAGE_PROMPT_DIR / f"{version}.yaml"
+def _load_caption_prompt(folder: Path, key: str, version: str) -> ImagePrompt:
+    path = folder / f"{version}.yaml"
     if not path.is_file():
-        have = ", ".join(sorted(p.stem for p in IMAGE_PROMPT_DIR.glob("*.yaml")))
-        raise ValueError(f"llm.generalize_image_prompt_version '{version}' not found in {IMAGE_PROMPT_DIR}; "
-                         f"available: {have}")
+        have = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise ValueError(f"llm.{key} '{version}' not found in {folder}; available: {have}")
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     try:
-        prompt = ImagePrompt(version=str(raw["version"]), system=raw["system"].strip(), user=raw["user"].strip())
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: malformed prompt ({exc!r}); it needs version, system and user") from None
+        temperature = raw.get("temperature")
+        prompt = ImagePrompt(version=str(raw["version"]), system=raw["system"].strip(), user=raw["user"].strip(),
+                             temperature=None if temperature is None else float(temperature))
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{path}: malformed prompt ({exc!r}); it needs version, system and user (and, if "
+                         "set, a numeric temperature)") from None
     if prompt.version != version:
         raise ValueError(f"{path} declares version '{prompt.version}', expected '{version}'; fix the file")
     return prompt
+
+
+@lru_cache(maxsize=8)
+def load_image_prompt(version: str) -> ImagePrompt:
+    """Load the per-image LLM_gen prompt `version`; a clear error names the available versions."""
+    return _load_caption_prompt(IMAGE_PROMPT_DIR, "generalize_image_prompt_version", version)
+
+
+@lru_cache(maxsize=8)
+def load_level_prompt(version: str) -> ImagePrompt:
+    """Load the per-image-and-level LLM_gen prompt `version` (magic.generalize: level)."""
+    return _load_caption_prompt(LEVEL_PROMPT_DIR, "generalize_level_prompt_version", version)
 
 
 def _bullets(captions: list[str] | tuple[str, ...]) -> str:
@@ -142,7 +158,8 @@ def generalize_messages(prompts: PromptSet, concept: str, parents: list[str], ca
 
 def generalize_image_messages(prompt: ImagePrompt, concept: str, parents: list[str], captions: list[str],
                               n: int) -> list[dict]:
-    """Chat messages asking for `n` generalized captions of one image from its own captions and its chain."""
+    """Chat messages asking for `n` generalized captions of one image from its own captions and its chain (or,
+    with a per-level prompt, from its captions and one level's concept: that prompt leaves out {parents})."""
     text = prompt.user.format(concept=concept, parents=", ".join(parents) or "none", captions=_bullets(captions), n=n)
     return [{"role": "system", "content": prompt.system}, {"role": "user", "content": text}]
 

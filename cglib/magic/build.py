@@ -23,7 +23,7 @@ from cglib.magic.export import write_graphml
 from cglib.magic.generalized_captions import Generalizer, add_generalized_captions
 from cglib.magic.invariants import check_invariants
 from cglib.magic.merge import merge_and_remove
-from cglib.magic.negatives import attach_negatives
+from cglib.magic.negatives import attach_negatives, negative_settings
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, save_magic
 from cglib.magic.split import split_images
 from cglib.magic.stats import compute_stats
@@ -124,8 +124,9 @@ def build_magic(dataset: CaptionDataset, chains: dict[str, list[str]], params: P
     magic.stats = compute_stats(magic)
     magic.stats["generalization"] = gen
     magic.stats["settings"] = {"size_min": m.size_min, "sim_min": m.sim_min, "hard_negative_sim": m.hard_negative_sim,
+                               **negative_settings(searches, m),
                                "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
-                               "negative_search": searches, "embedder": m.embedder,
+                               "embedder": m.embedder,
                                "embedder_model": m.embedder_model, "test_fraction": m.test_fraction,
                                "seed": params.run.seed}
     check_invariants(magic)

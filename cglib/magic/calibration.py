@@ -35,12 +35,28 @@ def nearest_neighbour_cosines(magic: MagicFile) -> pd.DataFrame:
         ["level", "node"], ignore_index=True)
 
 
-def hard_negative_coverage(magic: MagicFile, threshold: float) -> pd.DataFrame:
-    """Per level: nodes, those with a hard negative and their share, the nearest-neighbour cosines' quartiles, and
-    the threshold at which a third of the nodes would have one (the 2/3 quantile of their nearest neighbours)."""
+def level_thresholds(magic: MagicFile, threshold: float | str | None = None) -> dict[int, float]:
+    """The hard-negative threshold of each level: the one the build recorded (stats.json's settings; a
+    `calibrated` threshold differs per level), else `threshold` for every level."""
+    recorded = magic.stats.get("settings", {}).get("hard_negative_sim_by_level")
+    levels = sorted({n.level for n in magic.nodes.values()})
+    if recorded:
+        return {k: float(recorded[f"l{k}"]) for k in levels if f"l{k}" in recorded}
+    if isinstance(threshold, (int, float)):
+        return dict.fromkeys(levels, float(threshold))
+    raise ValueError("this magic.json records no per-level thresholds (built before hard_negative_sim: "
+                     "calibrated existed); pass the numeric magic.hard_negative_sim it was built with")
+
+
+def hard_negative_coverage(magic: MagicFile, threshold: float | str | None = None) -> pd.DataFrame:
+    """Per level: nodes, those with a hard negative and their share, the nearest-neighbour cosines' quartiles, the
+    level's threshold (`level_thresholds`), and the threshold at which a third of the nodes would have one (the
+    2/3 quantile of their nearest neighbours)."""
     table = nearest_neighbour_cosines(magic)
+    thresholds = level_thresholds(magic, threshold)
     rows = []
     for level, part in table.groupby("level", sort=True):
+        threshold = thresholds[level]
         cos = part["nn_cosine"].dropna().to_numpy(float)
         quartiles = np.quantile(cos, [0.25, 0.5, 0.75]) if cos.size else [float("nan")] * 3
         rows.append({"level": f"l{level}", "nodes": len(part), "with_hard_negative": int(part["has_hard_negative"].sum()),

@@ -25,6 +25,7 @@ its level as *fallback* negatives (flagged separately; not necessarily symmetric
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -43,12 +44,14 @@ _HNSW_LINKS, _HNSW_EF_CONSTRUCTION, _FIRST_K = 32, 80, 32
 
 @dataclass
 class Negatives:
-    """Per node: threshold negatives and fallbacks (both most similar first) and their cosines; the search used."""
+    """Per node: threshold negatives and fallbacks (both most similar first) and their cosines; the search and the
+    threshold used."""
 
     hard: dict[str, list[str]] = field(default_factory=dict)
     fallback: dict[str, list[str]] = field(default_factory=dict)
     similarity: dict[str, dict[str, float]] = field(default_factory=dict)
     search: str = "exact"
+    threshold: float = float("nan")
 
 
 @contextmanager
@@ -139,7 +142,7 @@ def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_ne
     n = len(ids)
     bounded = max_negatives is not None and n > EXACT_MAX_NODES
     kind = search if search != "auto" else ("hnsw" if bounded else "exact")
-    out = Negatives(search=kind)
+    out = Negatives(search=kind, threshold=float(threshold))
     if n == 0:
         return out
     x = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -187,20 +190,59 @@ def hard_negatives(ids: list[str], vectors: np.ndarray, threshold: float, min_ne
     return out
 
 
+def nearest_neighbour_cosines(vectors: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """Each row's float64 cosine with its most similar other row (unit `vectors`; NaN for a lone row)."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    if len(x) < 2:
+        return np.full(len(x), np.nan)
+    with _faiss_threads(threads):
+        index = faiss.IndexFlatIP(x.shape[1])
+        index.add(x)
+        _, found = index.search(x, min(len(x), 3))  # self and a float32 tie may take two slots
+    exact = x.astype(np.float64)
+    cosines = np.einsum("ij,ikj->ik", exact, exact[np.maximum(found, 0)])
+    cosines[(found < 0) | (found == np.arange(len(x))[:, None])] = -np.inf
+    return cosines.max(axis=1)
+
+
+def calibrated_threshold(vectors: np.ndarray, coverage: float, threads: int | None = None) -> float:
+    """The cosine above which `coverage` of the nodes (rows of `vectors`, one level) have a hard negative: just
+    below the nearest-neighbour cosine of the ceil(coverage * n)-th node, most similar first (ties may add
+    nodes). A lone node gets 1.0 (no pair)."""
+    nearest = nearest_neighbour_cosines(vectors, threads)
+    if len(nearest) < 2:
+        return 1.0
+    ranked = np.sort(nearest)[::-1]
+    return float(ranked[math.ceil(coverage * len(ranked)) - 1]) - 1e-12  # the float64 test is strict (>)
+
+
+def level_threshold(vectors: np.ndarray, magic: MagicParams, threads: int | None = None) -> float:
+    """The level's hard-negative threshold: magic.hard_negative_sim, or with `calibrated` the cosine that gives
+    about magic.hard_negative_coverage of its nodes a hard negative."""
+    if magic.hard_negative_sim == "calibrated":
+        return calibrated_threshold(vectors, magic.hard_negative_coverage, threads)
+    return float(magic.hard_negative_sim)
+
+
 def level_negatives(levels: dict[int, list[str]], vectors: dict[str, np.ndarray], magic: MagicParams,
                     threads: int | None = None) -> dict[int, Negatives]:
     """`hard_negatives` of each non-empty level ({level: node ids}; `vectors` keyed by node id) with the `magic`
-    section's settings."""
-    return {level: hard_negatives(ids, np.stack([vectors[n] for n in ids]), magic.hard_negative_sim,
-                                  magic.min_hard_negatives, threads=threads, search=magic.negative_search,
-                                  max_negatives=magic.max_hard_negatives)
-            for level, ids in levels.items() if ids}
+    section's settings (the threshold per level: `level_threshold`)."""
+    out = {}
+    for level, ids in levels.items():
+        if ids:
+            x = np.stack([vectors[n] for n in ids])
+            out[level] = hard_negatives(ids, x, level_threshold(x, magic, threads), magic.min_hard_negatives,
+                                        threads=threads, search=magic.negative_search,
+                                        max_negatives=magic.max_hard_negatives)
+    return out
 
 
 def attach_negatives(nodes: dict[str, Node], vectors: dict[str, np.ndarray], magic: MagicParams,
-                     threads: int | None = None) -> dict[str, str]:
+                     threads: int | None = None) -> dict[str, dict[str, float | str]]:
     """Each level's hard negatives, fallbacks and cosines written into its `nodes` (`vectors` keyed by node id),
-    with the `magic` section's settings; returns the search each level used ({"l1": "exact", ...})."""
+    with the `magic` section's settings; returns each level's search and threshold ({"l1": {"search": "exact",
+    "threshold": 0.85}, ...})."""
     levels = {level: sorted(n for n, node in nodes.items() if node.level == level)
               for level in sorted({node.level for node in nodes.values()})}
     found = level_negatives(levels, vectors, magic, threads)
@@ -209,4 +251,15 @@ def attach_negatives(nodes: dict[str, Node], vectors: dict[str, np.ndarray], mag
             nodes[n].hard_negatives = found[level].hard[n]
             nodes[n].fallback_negatives = found[level].fallback[n]
             nodes[n].negative_similarity = found[level].similarity[n]
-    return {f"l{level}": negatives.search for level, negatives in found.items()}
+    return {f"l{level}": {"search": negatives.search, "threshold": negatives.threshold}
+            for level, negatives in found.items()}
+
+
+def negative_settings(levels: dict[str, dict[str, float | str]], magic: MagicParams) -> dict:
+    """The stats' record of attach_negatives' result: the search and the threshold each level used (and, when
+    calibrated, the coverage asked for)."""
+    out = {"negative_search": {k: v["search"] for k, v in levels.items()},
+           "hard_negative_sim_by_level": {k: round(float(v["threshold"]), 6) for k, v in levels.items()}}
+    if magic.hard_negative_sim == "calibrated":
+        out["hard_negative_coverage"] = magic.hard_negative_coverage
+    return out

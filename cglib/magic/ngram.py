@@ -51,7 +51,7 @@ import pandas as pd
 from cglib.config import Params
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
 from cglib.magic.invariants import check_invariants
-from cglib.magic.negatives import attach_negatives
+from cglib.magic.negatives import attach_negatives, negative_settings
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, load_magic, node_id, save_magic
 from cglib.run import provenance
 
@@ -238,7 +238,7 @@ def ngram_magic(magic: MagicFile, params: Params, embedder: Embedder | None = No
                      "stop_words": g.stop_words, "extra_stop_words": sorted(g.extra_stop_words),
                      "embedder": m.embedder, "hard_negative_sim": m.hard_negative_sim,
                      "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
-                     "negative_search": searches},
+                     **negative_settings(searches, m)},
         "train_images": len(train), "images_covered": len(attached), "images_without_group": uncovered,
         "test_images_left_out": n_test, "candidate_ngrams": mined.candidates,
         "too_rare": mined.too_rare, "too_frequent": mined.too_frequent, "aliases": mined.aliases,
@@ -258,7 +258,7 @@ def ngram_key(magic_path: Path, params: Params) -> str:
     m = params.magic
     settings = {"ngram": params.ngram.model_dump(mode="json"), "size_min": m.size_min, "embedder": m.embedder,
                 "embedder_model": m.embedder_model, "hard_negative_sim": m.hard_negative_sim,
-                "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
+                "hard_negative_coverage": m.hard_negative_coverage, "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
                 "negative_search": m.negative_search}
     digest = hashlib.sha1(Path(magic_path).read_bytes())
     digest.update(json.dumps(settings, sort_keys=True).encode())

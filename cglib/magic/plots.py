@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from cglib.magic.calibration import nearest_neighbour_cosines
+from cglib.magic.calibration import level_thresholds, nearest_neighbour_cosines
 from cglib.magic.schema import MagicFile
 
 
@@ -108,7 +108,7 @@ def generalized_examples(magic: MagicFile, n_nodes: int = 3, n_captions: int = 3
     for n in nodes:
         image_ids = magic.images_of(n.id)[:n_captions]
         originals = [magic.images[i].captions[0] for i in image_ids if magic.images[i].captions]
-        if magic.generalize == "image":
+        if magic.per_image:
             for i in image_ids:
                 texts = magic.generalized_texts(i)
                 rows.append({"node": n.name, "image": i, "original caption": magic.images[i].captions[0],
@@ -133,10 +133,12 @@ def negatives_table(magic: MagicFile, level: int = 1, n_nodes: int = 10) -> pd.D
     return pd.DataFrame(rows)
 
 
-def plot_nearest_neighbour_cosines(magic: MagicFile, threshold: float) -> Figure:
-    """One panel per level: each node's nearest-neighbour cosine (calibration.py), the hard-negative threshold
-    drawn on it, and the share of nodes with a real hard negative in the title (at most 4 panels a row)."""
+def plot_nearest_neighbour_cosines(magic: MagicFile, threshold: float | str | None = None) -> Figure:
+    """One panel per level: each node's nearest-neighbour cosine (calibration.py), the level's hard-negative
+    threshold drawn on it, and the share of nodes with a real hard negative in the title (at most 4 panels a
+    row)."""
     table = nearest_neighbour_cosines(magic)
+    thresholds = level_thresholds(magic, threshold)
     levels = sorted(table["level"].unique())
     cols = min(4, len(levels))
     rows = -(-len(levels) // cols)
@@ -145,6 +147,7 @@ def plot_nearest_neighbour_cosines(magic: MagicFile, threshold: float) -> Figure
         part = table[table["level"] == level]
         cos = part["nn_cosine"].dropna().to_numpy(float)
         ax.hist(cos, bins=np.linspace(min(-0.1, cos.min(initial=0.0)), 1.0, 23), color=f"C{level}")
+        threshold = thresholds[level]
         ax.axvline(threshold, color="k", ls="--", lw=1)  # the threshold: nodes right of it have a hard negative
         ax.set(title=f"l{level}: {100 * part['has_hard_negative'].mean():.0f}% of {len(part)} above {threshold:.2f}",
                xlabel="nearest-neighbour cosine")

@@ -81,9 +81,10 @@ class MagicFile(_Strict):
     schema_version: int
     l_max: int = Field(ge=1)
     split_kind: Literal["image", "concept"]
-    generalize: Literal["image", "group"] = Field(
-        "group", description="where generalized captions live: per image (paper Sec. 3.1 step 5, the authors' "
-        "code) or per l1 node (Algorithm 1 as printed)")
+    generalize: Literal["image", "level", "group"] = Field(
+        "group", description="where generalized captions live and how they were asked for: per image (image: "
+        "one request per image, paper Sec. 3.1 step 5; level: one per image and level, the authors' "
+        "generate_new_caption.py) or per l1 node (group: Algorithm 1 as printed)")
     nodes: dict[str, Node]
     images: dict[str, ImageRecord]
     merges: list[MergeRecord] = Field(default_factory=list)
@@ -156,10 +157,16 @@ class MagicFile(_Strict):
         found = n.hard_negatives + (n.fallback_negatives if include_fallback else [])
         return found if split is None else [m for m in found if self.images_of(m, split)]
 
+    @property
+    def per_image(self) -> bool:
+        """Whether generalized captions live on images (generalize: image or level) rather than on l1 nodes."""
+        return self.generalize != "group"
+
     def generalized_texts(self, image_id: str) -> list[str]:
-        """The generalized captions that pair with an image: its own (generalize: image) or its l1 node's (group)."""
+        """The generalized captions that pair with an image: its own (generalize: image, level; with level, its
+        l1 caption first) or its l1 node's (group)."""
         record = self.images[image_id]
-        if self.generalize == "image":
+        if self.per_image:
             return list(record.generalized_captions)
         return list(self.nodes[record.node].generalized_captions)
 

@@ -96,7 +96,7 @@ def compute_stats(magic: MagicFile) -> dict:
 def _pairs_unit(magic: MagicFile, image_id: str) -> tuple[list[str], bool]:
     """The generalized captions an image pairs with and whether they are fallback copies."""
     record = magic.images[image_id]
-    fallback = record.generalized_fallback if magic.generalize == "image" else magic.nodes[record.node].generalized_fallback
+    fallback = record.generalized_fallback if magic.per_image else magic.nodes[record.node].generalized_fallback
     return magic.generalized_texts(image_id), fallback
 
 
@@ -139,7 +139,7 @@ def leakage(magic: MagicFile) -> dict:
     written: list[tuple[list[str], list[str]]] = []
     copies: list[tuple[list[str], list[str]]] = []
     train: list[tuple[list[str], list[str]]] = []
-    if magic.generalize == "image":
+    if magic.per_image:
         for image_id in sorted(magic.images):
             record = magic.images[image_id]
             unit = (magic.chain_names(image_id), list(record.generalized_captions))
@@ -155,7 +155,7 @@ def leakage(magic: MagicFile) -> dict:
             (copies if node.generalized_fallback else written).append(unit)
             if node_key in train_groups and not node.generalized_fallback:
                 train.append(unit)
-    return {"unit": "image" if magic.generalize == "image" else "l1 node",
+    return {"unit": "image" if magic.per_image else "l1 node",
             "written": _leak_counts(written, magic.l_max), "train": _leak_counts(train, magic.l_max),
             "fallback": _leak_counts(copies, magic.l_max)}
 

@@ -93,6 +93,7 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 # Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
 # weights of earlier runs) unchanged.
 RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "text_source": None, "groups": "magic", "options": {}}
+TRAIN_KEY_DEFAULTS: dict[str, Any] = {"mask_identical_texts": True}  # train keys added after runs were trained
 
 
 def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
@@ -103,7 +104,7 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     `Objective.resolve_options`, e.g. a group loss's alpha from train.alpha) are part of its entry; the files it reads
     (`Objective.input_files`, e.g. re's HierarCaps train hierarchies) enter by content; a run with `init` carries
     its starting run's spec, so retraining that run retrains this one. Run keys at their default leave the spec
-    (RUN_KEY_DEFAULTS): trained runs stay valid when a key is added. `train.seeds` is not in
+    (RUN_KEY_DEFAULTS, and the train keys of TRAIN_KEY_DEFAULTS): trained runs stay valid when a key is added. `train.seeds` is not in
     the spec (adding a seed does not retrain the others); training seed k > 0 is (`training_seed`).
     """
     t = params.train
@@ -114,8 +115,12 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
         if spec[key] == default:
             del spec[key]
     spec["tau"] = entry.tau or t.tau
-    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds"}
+    # pretrain_targets acts through the entries' resolved `pretrain` (in the run spec above)
+    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds", "pretrain_targets"}
     train = t.model_dump(mode="json", exclude=exclude)
+    for key, default in TRAIN_KEY_DEFAULTS.items():
+        if train[key] == default:
+            del train[key]
     out = {"run": spec, "train": train, "model": params.model.model_dump(mode="json"), "seed": params.run.seed}
     files = objective.input_files(params, entry)
     if files:  # a file's content is part of the result (a changed HierarCaps train file retrains the row)

@@ -178,7 +178,7 @@ def image_text(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase:
         table = torch.from_numpy(encode_texts(bundle, texts)).to(trainer.device)
         text_rows = {text: k for k, text in enumerate(texts)}
     trainer.described["precomputed_texts"] = 0 if table is None else len(table)
-    module = wrap(GroupTask(bundle, objective, table), info)
+    module = wrap(GroupTask(bundle, objective, table, t.mask_identical_texts), info)
     per_epoch = described["optimizer_steps_per_epoch"]
     stepper = trainer.make_stepper(module, t.lr, t.epochs * per_epoch, "train", ckpt, objective)
     trainer.announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {described['training_pairs']} "

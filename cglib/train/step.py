@@ -2,7 +2,8 @@
 
 `GroupTask` turns a batch item into features and hands them to the run's objective (cglib/train/objectives: one
 module per objective, none named here). Every objective gets the batch's `text_ids` (equal ids = identical
-strings), so two identical texts are never each other's negatives.
+strings), so two identical texts are never each other's negatives, unless train.mask_identical_texts is false
+(the authors' code: no mask).
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ class GroupTask(torch.nn.Module):
     DDP wraps this module, so whatever the objective trains (a concept head) is synchronized with the model, and
     the loop's step only ever calls `task(item)`. `text_table`: a frozen text tower's embeddings of every text a
     batch can hold (rows given by the item), else the texts are encoded by the trainable tower each step.
+    `mask_identical_texts` false hands the objective no text_ids (the authors' unmasked losses).
     """
 
-    def __init__(self, bundle: ClipModel, objective: Objective, text_table: torch.Tensor | None = None) -> None:
+    def __init__(self, bundle: ClipModel, objective: Objective, text_table: torch.Tensor | None = None,
+                 mask_identical_texts: bool = True) -> None:
         super().__init__()
         self.towers = Towers(bundle.model)
         self.objective = objective
         self.bundle, self.text_table = bundle, text_table
+        self.mask_identical_texts = mask_identical_texts
 
     def forward(self, item: dict[str, Any]) -> dict[str, torch.Tensor]:
         device, table = self.bundle.device, self.text_table
@@ -48,7 +52,7 @@ class GroupTask(torch.nn.Module):
             hard = (table if table is not None else text)[rows.to(device)].reshape(m, n, -1)
             columns = item["hard_columns"].to(device).reshape(m, n)
         text = table[item["text_rows"].to(device)] if table is not None else text[item["text_inverse"].to(device)]
-        ids = item.get("text_ids")
+        ids = item.get("text_ids") if self.mask_identical_texts else None
         index = item.get("group_index")
         return self.objective(GroupFeatures(
             image.reshape(m, n, -1), text.reshape(m, n, -1), None if ids is None else ids.to(device).reshape(m, n),

@@ -34,9 +34,9 @@ def describe_node(magic: MagicFile, node: str, max_images: int = 6, max_captions
         current = magic.nodes[current.primary_parent]
     images = magic.images_of(node)
     captions = [c for i in images[:max_images] for c in magic.images[i].captions][:max_captions]
-    per_image = magic.generalize == "image" or n.level > 1
+    per_image = magic.per_image or n.level > 1
     image_generalized = [(i, magic.generalized_texts(i)[:max_generalized], magic.images[i].generalized_fallback
-                          if magic.generalize == "image" else magic.nodes[magic.images[i].node].generalized_fallback)
+                          if magic.per_image else magic.nodes[magic.images[i].node].generalized_fallback)
                          for i in images[:max_images]] if per_image else []
     return {
         "id": node, "name": n.name, "level": n.level, "n_images": n.n_images,

@@ -83,7 +83,7 @@ def group_texts(magic: MagicFile, image_ids: Sequence[str], text_source: str) ->
             texts += record.captions
             groups += [record.node] * len(record.captions)
     elif text_source == "generalized":
-        if magic.generalize == "image":  # each image's own captions
+        if magic.per_image:  # each image's own captions
             sources = list(image_ids)
         else:  # one set per group: the texts of the group's first image (all its images share them)
             first: dict[str, str] = {}
