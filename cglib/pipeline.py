@@ -279,7 +279,7 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
         manifest.update(status=status, notebooks=[r.as_dict() for r in results],
                         total_s=round(sum(r.duration_s for r in results), 2))
         if status != "running":  # the end of the run: what every stage kept, skipped and failed
-            manifest["summary"] = stage_summaries(run_dir)
+            manifest["summary"] = stage_summaries(run_dir, resume=resume_command(params_path, run_dir, "02"))
             manifest["skipped_or_failed"] = losses(manifest["summary"])
         write_json(run_dir / "run.json", manifest)
 
@@ -313,6 +313,11 @@ def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_
         save("running")
 
 
+def resume_command(params_path: Path, run_dir: Path, notebook: str) -> str:
+    """The command that runs the series again from `notebook` into the same run folder."""
+    return f"cglib run {params_path} --out {run_dir} --from {notebook}"
+
+
 def default_notebook_dir() -> Path:
     """The repository's `notebooks/` folder."""
     return REPO_ROOT / "notebooks"
@@ -340,45 +345,62 @@ def _merge(*mappings: dict[str, int]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-def llm_accounting(summary: dict, chains_path: Path | None = None) -> dict:
-    """The abstraction engine's items: answered from the cache, or sent to the backend and then succeeded or
-    failed. `succeeded` is counted from chains.jsonl when given (an image that failed at level k succeeded at
-    levels 1..k-1), so `sent == succeeded + failed` is a real check of the accounting, not an identity."""
-    cache = summary.get("cache") or {}
-    hits, failure_hits, sent = (int(cache.get(k, 0)) for k in ("hits", "failure_hits", "misses"))
-    failed = sum(_counts(summary.get("failures_by_reason")).values()) - failure_hits
-    succeeded = sent - failed
-    if chains_path is not None and chains_path.is_file():
-        levels = int(summary.get("levels") or 0)
-        ok_items = 0
-        for line in chains_path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line) if line.strip() else None
-            if row:
-                ok_items += levels if row.get("status") == "ok" else max(int(row.get("failed_level") or 1) - 1, 0)
-        succeeded = ok_items - hits
-    return {"items": int(summary.get("items", 0)), "cache_hits": hits, "cache_failure_hits": failure_hits,
-            "sent": sent, "succeeded": succeeded, "failed": failed, "balanced": sent == succeeded + failed,
-            "requests": summary.get("requests"), "cost_usd": summary.get("cost_usd")}
+def _mtime(*paths: Path) -> float | None:
+    """The newest modification time of the paths that exist (None: none does)."""
+    times = [p.stat().st_mtime for p in paths if p.is_file()]
+    return max(times) if times else None
 
 
-def stage_summaries(run_dir: Path) -> dict[str, dict]:
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds")
+
+
+def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
+    """The abstraction stage: this attempt's account as the engine recorded it, and the files on disk that an
+    earlier attempt wrote (named with that attempt's time and status, never added to this one's account)."""
+    from cglib.llm.engine import CHAINS_FILE, load_attempts  # lazy: the engine pulls in every backend
+
+    out = {"kept": summary.get("chains"), "unit": "images with a full chain", "skipped": {},
+           "failed": _counts(summary.get("failed_images_by_reason")), "llm": summary.get("account"),
+           "cache_rebuilt": summary.get("cache_rebuilt"), "attempt": summary.get("attempt")}
+    if summary.get("status") not in (None, "complete"):
+        out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
+        out["resume"] = resume
+    chains = run_dir / "abstraction" / CHAINS_FILE
+    attempt = summary.get("attempt") or {}
+    if chains.is_file() and attempt and not attempt.get("chains_written"):
+        writers = [a for a in load_attempts(run_dir / "abstraction") if a.get("chains_written")]
+        if writers:
+            w = writers[-1]
+            out["other_files"] = {CHAINS_FILE: {"started": w.get("started"), "status": w.get("status"),
+                                                "chains": w.get("chains")}}
+        else:  # written by a cglib that recorded no attempts
+            out["other_files"] = {CHAINS_FILE: {"started": _iso(chains.stat().st_mtime), "status": "unknown",
+                                                "chains": None}}
+    return out
+
+
+def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]:
     """Per stage that has run: what it kept, skipped by reason and failed by reason, read from the files the
-    stages write (captions/summary.json, abstraction/summary.json + chains.jsonl, magic/stats.json,
-    training/*/summary.json, evaluation/results.json)."""
+    stages write (captions/summary.json, abstraction/summary.json, magic/stats.json, training/*/summary.json,
+    evaluation/results.json), with the LLM stage's account. A stage whose files are older than an earlier
+    stage's last run is marked `earlier_run` (its numbers come from another run). `resume`: the command that
+    resumes a stopped stage."""
     run_dir = Path(run_dir)
     out: dict[str, dict] = {}
+    ran_at: dict[str, float] = {}  # when each stage last ran (its files' time)
     captions = _read_json(run_dir / "captions" / "summary.json")
     if captions:
         stats = captions.get("statistics") or {}
         out["captions"] = {"kept": stats.get("images"), "unit": "images", "skipped": _counts(stats.get("skipped")),
                            "failed": {}}
+        ran_at["captions"] = _mtime(run_dir / "captions" / "summary.json")
     abstraction = _read_json(run_dir / "abstraction" / "summary.json")
     if abstraction:
-        out["abstraction"] = {"kept": abstraction.get("chains"), "unit": "images with a full chain", "skipped": {},
-                              "failed": _counts(abstraction.get("failed_images_by_reason")),
-                              "llm": llm_accounting(abstraction, run_dir / "abstraction" / "chains.jsonl")}
-        if abstraction.get("status") not in (None, "complete"):
-            out["abstraction"]["failed"]["stopped: " + str(abstraction.get("error", ""))[:120]] = 1
+        out["abstraction"] = _abstraction(run_dir, abstraction, resume)
+        started = (abstraction.get("attempt") or {}).get("started")
+        ran_at["abstraction"] = (datetime.fromisoformat(started).timestamp() if started
+                                 else _mtime(run_dir / "abstraction" / "summary.json"))
     magic = (_read_json(run_dir / "magic" / "stats.json") or {}).get("stats")
     if magic:
         generalization = magic.get("generalization") or {}
@@ -387,6 +409,7 @@ def stage_summaries(run_dir: Path) -> dict[str, dict]:
                         "skipped": _merge(_counts(magic.get("skipped_before_dag")), _counts(removed)),
                         "failed": {f"generalization (original captions kept): {k}": v
                                    for k, v in _counts(generalization.get("failure_reasons")).items()}}
+        ran_at["magic"] = _mtime(run_dir / "magic" / "stats.json")
     summaries = sorted((run_dir / "training").glob("*/summary.json")) + sorted(
         (run_dir / "training").glob("seed*/*/summary.json"))  # training seed 0, then seeds k > 0
     trained = [s for s in (_read_json(p) for p in summaries) if s]
@@ -394,6 +417,7 @@ def stage_summaries(run_dir: Path) -> dict[str, dict]:
         out["training"] = {"kept": len(trained), "unit": "models trained (every training seed)",
                            "skipped": _merge(*(_counts((s.get("image_cache") or {}).get("skipped")) for s in trained)),
                            "failed": {}}
+        ran_at["training"] = _mtime(*summaries)
     results = _read_json(run_dir / "evaluation" / "results.json")
     if results:
         info = results.get("info", results)
@@ -403,11 +427,55 @@ def stage_summaries(run_dir: Path) -> dict[str, dict]:
                              "skipped": _merge(_counts(items.get("skipped_images")),
                                                {f"hierarcaps: {k}": v for k, v in _counts(hierarcaps.get("skipped")).items()}),
                              "failed": {}}
+        ran_at["evaluation"] = _mtime(run_dir / "evaluation" / "results.json")
+    stages = list(ran_at)
+    for k, stage in enumerate(stages):  # a stage older than one it builds on is another run's result
+        newer = [up for up in stages[:k] if ran_at[up] is not None and ran_at[stage] is not None
+                 and ran_at[up] > ran_at[stage]]
+        if newer:
+            up = newer[-1]
+            out[stage]["earlier_run"] = {"written": _iso(ran_at[stage]), "before": up, "before_ran": _iso(ran_at[up])}
     return out
 
 
+def _llm_lines(s: dict) -> list[str]:
+    """The LLM stage's account, its stop, its rebuilt cache and the files another attempt left."""
+    pad = " " * 15
+    lines = []
+    a = s.get("llm")
+    if a is None:
+        return [pad + "LLM: no account (summary.json written by an older cglib; run the stage again)"]
+    failed = ", ".join(f"{k}: {v}" for k, v in a["failed_by_reason"].items())
+    retries = ", ".join(f"{k}: {v}" for k, v in a["requests"]["retries_by_reason"].items())
+    cost = a["cost_usd"]
+    line = (f"{pad}LLM: {a['items']} items = {a['cached']} cached + {a['cached_failures']} cached failures + "
+            f"{a['answered']} answered + {a['failed']} failed" + (f" ({failed})" if failed else "")
+            + f" + {a['never_asked']} never asked + {a['not_needed']} not needed after a failed level"
+            + ("" if a["adds_up"] else " (DOES NOT ADD UP)")
+            + f"; {a['requests']['http']} requests ({a['requests']['retries']} retries"
+            + (f": {retries}" if retries else "") + f"); ${cost['spent']:.4f} spent"
+            + (f" (estimated ${cost['estimated']:.4f})" if cost["estimated"] is not None else ""))
+    lines.append(line)
+    if a["status"] != "complete":
+        cached = a["cached"] + a["cached_failures"]
+        asked = cached + a["answered"] + a["failed"]
+        lines.append(f"{pad}stopped ({a['stopped_by']}): {asked} of {a['items']} asked ({cached} from the cache), "
+                     f"{a['never_asked']} never asked, ${cost['spent']:.4f} spent"
+                     + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
+    if s.get("cache_rebuilt"):
+        from cglib.llm.cache import rebuilt_message
+
+        lines.append(f"{pad}cache rebuilt: {rebuilt_message(s['cache_rebuilt'])}")
+    for name, w in (s.get("other_files") or {}).items():
+        chains = f", {w['chains']} chains" if w.get("chains") is not None else ""
+        lines.append(f"{pad}{name} on disk is from another attempt (started {w['started']}, {w['status']}{chains}); "
+                     "not part of this attempt's account")
+    return lines
+
+
 def summary_lines(stages: dict[str, dict]) -> list[str]:
-    """One terminal line per stage: kept, skipped by reason, failed by reason (and the LLM accounting)."""
+    """Terminal lines per stage: kept, skipped by reason, failed by reason; for the LLM stage its account; a
+    stage whose files come from an earlier run says so."""
     def reasons(counts: dict[str, int]) -> str:
         return ", ".join(f"{k}: {v}" for k, v in counts.items()) if counts else ""
 
@@ -417,11 +485,13 @@ def summary_lines(stages: dict[str, dict]) -> list[str]:
         line = f"  {stage:12s} kept {s['kept']} {s['unit']}; skipped {skipped}"
         line += f" ({reasons(s['skipped'])})" if skipped else ""
         line += f"; failed {failed}" + (f" ({reasons(s['failed'])})" if failed else "")
-        llm = s.get("llm")
-        if llm:
-            line += (f"; LLM items: {llm['cache_hits']} cached, sent {llm['sent']} = {llm['succeeded']} succeeded "
-                     f"+ {llm['failed']} failed" + ("" if llm["balanced"] else " (DOES NOT ADD UP)"))
+        earlier = s.get("earlier_run")
+        if earlier:
+            line += (f" [from an earlier run: written {earlier['written']}, before {earlier['before']} ran again "
+                     f"at {earlier['before_ran']}]")
         lines.append(line)
+        if stage == "abstraction":
+            lines += _llm_lines(s)
     return lines
 
 

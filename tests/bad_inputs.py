@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -218,9 +219,8 @@ def markdown() -> str:
         if case.reader == "params":  # the CLI's "error: invalid params PATH:" line, then one line per problem
             lines = lines[1:]
         first = (lines[0] if case.reader != "cache" else " ".join(lines)) if lines else ""
-        cut = first.find("; it was moved to")
-        if cut >= 0:  # the timestamped path differs each run
-            first = first[:cut] + "; it was moved to `cache.sqlite.corrupt-<UTC time>` and a new cache started"
+        # the timestamped path differs each run
+        first = re.sub(r"…/cache\.sqlite\.corrupt-\S+? and", "`cache.sqlite.corrupt-<UTC time>` and", first)
         rows.append(f"| {case.file} | {case.problem} | {code} | {first.replace('|', '/')} |")
     return "\n".join(rows)
 

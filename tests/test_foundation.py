@@ -83,6 +83,24 @@ def test_several_problems_reported_together(tmp_path):
     assert len(lines) == 3 and {ln.split(":")[0] for ln in lines} == {"run.seed", "train.epochs", "train.lr"}
 
 
+def test_every_kind_of_problem_reported_in_one_pass_in_file_order(tmp_path):
+    """A bad value, two missing COCO paths, a rule between sections (the base corpus) and a rule involving a
+    default (viz.color_level above magic.l_max) are all listed at once, each with its key and fix, in the
+    order of the file; a rule that involves a key with a bad value is not guessed at."""
+    text = ("run:\n  seed: -1\ndata:\n  source: coco\n  coco_captions: nope.json\n  coco_images: imgs\n"
+            "train:\n  base:\n    corpus: synthetic\n  epochs: 0\nviz:\n  color_level: 7\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(write_yaml(tmp_path / "p.yaml", text))
+    lines = str(err.value).splitlines()
+    assert [ln.split(":")[0].split(" ")[0] for ln in lines] == [
+        "run.seed", "data.coco_captions", "data.coco_images", "train.base.corpus", "train.epochs", "viz.color_level"]
+    assert "use train.base.corpus: magic_train" in lines[3] and "fix the path" in lines[1]
+    with pytest.raises(ParamsError) as err:  # l_max itself is bad: its rule with color_level is not checked
+        load_params(write_yaml(tmp_path / "p.yaml", "magic:\n  l_max: lots\nviz:\n  color_level: 7\n"))
+    assert str(err.value).splitlines() == [("magic.l_max: Input should be a valid integer, unable to parse string "
+                                           "as an integer (got 'lots')")]
+
+
 def test_yaml_11_exponent_strings_are_numbers(tmp_path):
     """PyYAML reads `1e-5` as a string (YAML 1.1); the schema coerces it to the float the user meant."""
     params = load_params(write_yaml(tmp_path / "p.yaml", "train:\n  lr: 1e-5\n  pretrain_lr: 2E-6\n"))
@@ -322,9 +340,10 @@ def test_runner_reports_a_silent_cell_as_hung_naming_it(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------- run summary, status
 def test_llm_accounting_adds_up_on_a_faulty_server(tmp_path, monkeypatch):
-    """Abstraction against an OpenAI-compatible server where two images' replies stay broken: the run summary
-    counts items sent = succeeded + failed, with succeeded counted from chains.jsonl (not by subtraction);
-    a rerun with one new image answers the old ones from the cache (hits and failure hits) and sends 4 items."""
+    """Abstraction against an OpenAI-compatible server where two images' replies stay broken: the account counts
+    every item where it ended (answered, failed by reason, never asked, not needed after a failed level) and
+    adds up to images x levels; the requests equal the server's count; a rerun with one new image answers the
+    old ones from the cache (hits and failure hits) and sends 4 items."""
     sys.path.insert(0, str(REPO / "tests"))
     from fake_openai_server import FakeOpenAIServer
 
@@ -345,15 +364,18 @@ def test_llm_accounting_adds_up_on_a_faulty_server(tmp_path, monkeypatch):
             "backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 5.0, "max_bad_reply_retries": 1}})
         run_abstraction(data(3), params, tmp_path, progress=False)
         llm = stage_summaries(tmp_path)["abstraction"]["llm"]
-        assert (llm["sent"], llm["succeeded"], llm["failed"], llm["balanced"]) == (14, 12, 2, True)
+        assert (llm["items"], llm["answered"], llm["failed"], llm["not_needed"], llm["adds_up"]) == (20, 12, 2, 6, True)
+        assert llm["failed_by_reason"] == {"invalid_json": 1, "missing_fields": 1}
+        assert llm["requests"]["http"] == server.total == 16  # each broken item asked twice
         stage = stage_summaries(tmp_path)["abstraction"]
         assert stage["kept"] == 3 and stage["failed"] == {"invalid_json": 1, "missing_fields": 1}
         run_abstraction(data(4), params, tmp_path, progress=False)
     llm = stage_summaries(tmp_path)["abstraction"]["llm"]
-    assert (llm["cache_hits"], llm["cache_failure_hits"], llm["sent"], llm["succeeded"], llm["failed"]) == \
-        (12, 2, 4, 4, 0)
-    (line,) = summary_lines(stage_summaries(tmp_path))
-    assert "sent 4 = 4 succeeded + 0 failed" in line and "failed 2 (invalid_json: 1, missing_fields: 1)" in line
+    assert (llm["cached"], llm["cached_failures"], llm["answered"], llm["failed"], llm["adds_up"]) == \
+        (12, 2, 4, 0, True)
+    line, account = summary_lines(stage_summaries(tmp_path))
+    assert "failed 2 (invalid_json: 1, missing_fields: 1)" in line
+    assert "24 items = 12 cached + 2 cached failures + 4 answered + 0 failed + 0 never asked + 6 not needed" in account
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from pathlib import Path
@@ -49,8 +50,8 @@ def _format_error(err: dict[str, Any]) -> str:
     return f"{key}: {msg}{shown}"
 
 
-def _check_paths(params: Params, root: Path) -> list[str]:
-    """Input paths the chosen profile reads must exist."""
+def _check_paths(params: Params, root: Path) -> list[tuple[str, str]]:
+    """Input paths the chosen profile reads must exist: (key, message with the fix) per problem."""
     d = params.data
     needed: list[tuple[str, Path | None]] = []
     if d.source == "coco":
@@ -72,17 +73,17 @@ def _check_paths(params: Params, root: Path) -> list[str]:
         local = Path(source).expanduser()
         local = local if local.is_absolute() else root / local
         if not local.is_dir() and not re.match(HUB_ID_PATTERN, source):
-            errors.append(f"magic.source: {local} is not a folder and {source!r} is not a Hugging Face dataset id "
+            errors.append(("magic.source", (f"magic.source: {local} is not a folder and {source!r} is not a Hugging Face dataset id "
                           "(owner/name); point it at a folder written by `cglib export-magic` or a Hub id, or set "
-                          "build")
+                          "build")))
     for key, path in needed:
         if path is None:
-            errors.append(f"{key}: required by this profile but not set; set it to an existing path")
+            errors.append((key, f"{key}: required by this profile but not set; set it to an existing path"))
             continue
         resolved = path if path.is_absolute() else root / path
         if not resolved.exists():
-            errors.append(f"{key}: path does not exist: {resolved}; fix the path, or pass --no-check-paths "
-                          "to validate before the data is in place")
+            errors.append((key, (f"{key}: path does not exist: {resolved}; fix the path, or pass --no-check-paths "
+                          "to validate before the data is in place")))
     return errors
 
 
@@ -123,20 +124,87 @@ def params_root(path: Path) -> Path:
     return path.parent.parent if path.parent.name == "params" else path.parent
 
 
+def _dotted(loc: tuple) -> str:
+    """A pydantic error location as the key a user reads: train.runs[0].loss."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _file_order(raw: dict) -> list[str]:
+    """Every key of the file, dotted, in the order it is written (list entries as [i])."""
+    keys: list[str] = []
+
+    def walk(value: Any, prefix: str) -> None:
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for k, v in items:
+            key = f"{prefix}[{k}]" if isinstance(k, int) else f"{prefix}.{k}".lstrip(".")
+            keys.append(key)
+            walk(v, key)
+
+    walk(raw, "")
+    return keys
+
+
+def _position(key: str, order: list[str]) -> int:
+    """Where a problem's key sits in the file: its own line, else its section's (a key the file leaves at its
+    default is reported with its section); a section absent from the file comes last."""
+    while key:
+        if key in order:
+            return order.index(key)
+        key = key.rsplit(".", 1)[0] if "." in key else ""
+    return len(order)
+
+
+def _without(raw: dict, locs: list[tuple]) -> dict:
+    """A copy of the file with the keys at `locs` removed (they fall back to their defaults)."""
+    out = copy.deepcopy(raw)
+    for loc in locs:
+        node: Any = out
+        for part in loc[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(loc[-1], None)
+    return out
+
+
+def _related(key: str, removed: list[str]) -> bool:
+    """Whether `key` is, contains or lies inside one of the removed keys."""
+    return any(key == r or key.startswith((r + ".", r + "[")) or r.startswith(key + ".")
+               for r in removed)
+
+
 def parse_params(raw: Any, root: Path, check_paths: bool = True) -> Params:
-    """Validate an already-parsed YAML mapping; raise ParamsError with one line per problem."""
+    """Validate an already-parsed YAML mapping; raise ParamsError with one line per problem, every problem of
+    the file in one pass, in the order of the file.
+
+    Keys with a bad value are reported first-hand; the rules between sections and the input paths are then
+    checked on the file with those keys left at their defaults, and reported unless they involve such a key
+    (a rule checked against a default would be a guess)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ParamsError(f"params must be a YAML mapping of sections (run, data, ...), got {type(raw).__name__}")
+    problems: list[tuple[str, str]] = []  # (key, line)
+    rules: list[tuple[tuple[str, ...], str]] = []
+    removed: list[str] = []
     try:
-        params = Params.model_validate(raw)
+        params: Params | None = Params.model_validate(raw, context={"problems": rules})
     except ValidationError as exc:
-        raise ParamsError("\n".join(_format_error(e) for e in exc.errors())) from None
-    if check_paths:
-        errors = _check_paths(params, root)
-        if errors:
-            raise ParamsError("\n".join(errors))
+        errors = exc.errors()
+        problems += [(_dotted(tuple(e["loc"])), _format_error(e)) for e in errors]
+        removed = [_dotted(tuple(e["loc"])) for e in errors if e["loc"]]
+        rules = []
+        try:  # the rest of the file, so that its other problems are reported now, not on the next try
+            params = Params.model_validate(_without(raw, [tuple(e["loc"]) for e in errors if e["loc"]]),
+                                           context={"problems": rules})
+        except ValidationError:
+            params = None  # a removed key was needed: the rules and paths are checked once the keys are fixed
+    problems += [(keys[0], message) for keys, message in rules if not any(_related(k, removed) for k in keys)]
+    if check_paths and params is not None:
+        problems += [(key, line) for key, line in _check_paths(params, root) if not _related(key, removed)]
+    if problems:
+        order = _file_order(raw)
+        ranked = sorted(enumerate(problems), key=lambda ip: (_position(ip[1][0], order), ip[0]))
+        raise ParamsError("\n".join(line for _, (_, line) in ranked))
     return resolve_paths(params, root)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from cglib.config.base import Section
 from cglib.config.evaluation import EvalParams, SearchParams, VizParams
@@ -33,46 +33,70 @@ class Params(Section):
         return apply_protocol(data)
 
     @model_validator(mode="after")
-    def _cross_section(self) -> Params:
-        if self.viz.color_level > self.magic.l_max:
-            raise ValueError(f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
-                             "lower viz.color_level")
-        if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
-            raise ValueError("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
-                             f"'{self.data.source}' use train.base.corpus: magic_train (or none)")
-        if self.train.text_trains == "projection" and self.model.text_projection == "none":
-            raise ValueError("train.text_trains: projection trains the text projection alone, and the model has "
-                             "none: set model.text_projection: identity (text_tower: minilm), or text_trains: tower")
-        clash = sorted({z.name for z in self.eval.zoo} & {r.name for r in self.train.runs})
-        if clash:
-            raise ValueError(f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
-                             "(every row of Table 3 needs its own name)")
-        self._search_run()
-        if self.llm.backend == "oracle" and self.data.source != "synthetic":
-            raise ValueError("llm.backend 'oracle' needs the synthetic world's ground truth; "
-                             "use data.source: synthetic or another backend")
+    def _cross_section(self, info: ValidationInfo) -> Params:
+        """The rules that span sections. With a `problems` list in the validation context (`parse_params`) every
+        broken rule is added to it, so a file's problems are all reported in one pass; without, they are raised
+        together."""
+        problems = self.cross_section_problems()
+        collect = (info.context or {}).get("problems")
+        if collect is not None:
+            collect.extend(problems)
+        elif problems:
+            raise ValueError("\n".join(message for _, message in problems))
         return self
 
-    def _search_run(self) -> None:
-        """search.run names an image-text run whose tuned keys are not overridden in its train.runs entry."""
+    def cross_section_problems(self) -> list[tuple[tuple[str, ...], str]]:
+        """Every rule between sections that this file breaks: (the keys involved, the first one being where to
+        fix it; the message with the fix)."""
+        problems: list[tuple[tuple[str, ...], str]] = []
+        if self.viz.color_level > self.magic.l_max:
+            problems.append((("viz.color_level", "magic.l_max"),
+                             (f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
+                             "lower viz.color_level")))
+        if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
+            problems.append((("train.base.corpus", "data.source"),
+                             ("train.base.corpus 'synthetic' renders the synthetic world; with data.source "
+                             f"'{self.data.source}' use train.base.corpus: magic_train (or none)")))
+        if self.train.text_trains == "projection" and self.model.text_projection == "none":
+            problems.append((("train.text_trains", "model.text_projection"),
+                             ("train.text_trains: projection trains the text projection alone, and the model has "
+                             "none: set model.text_projection: identity (text_tower: minilm), or text_trains: tower")))
+        clash = sorted({z.name for z in self.eval.zoo} & {r.name for r in self.train.runs})
+        if clash:
+            problems.append((("eval.zoo", "train.runs"),
+                             (f"eval.zoo names {clash} are also train.runs names; rename the eval.zoo entries "
+                             "(every row of Table 3 needs its own name)")))
+        search = self._search_run()
+        if search:
+            problems.append((("search.run", "train.runs", "search.space"), search))
+        if self.llm.backend == "oracle" and self.data.source != "synthetic":
+            problems.append((("llm.backend", "data.source"),
+                             ("llm.backend 'oracle' needs the synthetic world's ground truth; "
+                             "use data.source: synthetic or another backend")))
+        return problems
+
+    def _search_run(self) -> str | None:
+        """What is wrong with search.run (None: nothing): it must name an image-text run whose tuned keys are
+        not overridden in its train.runs entry."""
         name = self.search.run
         if name is None:
-            return
+            return None
         entry = next((r for r in self.train.runs if r.name == name), None)
         if entry is None:
-            raise ValueError(f"search.run {name!r} is not a train.runs entry; choose one of "
-                             f"{[r.name for r in self.train.runs]} (or null for the first image-text run)")
+            return (f"search.run {name!r} is not a train.runs entry; choose one of "
+                    f"{[r.name for r in self.train.runs]} (or null for the first image-text run)")
         if not entry.trains_images():
-            raise ValueError(f"search.run {name!r} has loss {entry.loss}, which trains the text tower alone; tune an "
-                             "image-text run (loss clip, pairwise or centroid)")
+            return (f"search.run {name!r} has loss {entry.loss}, which trains the text tower alone; tune an "
+                    "image-text run (loss clip, pairwise or centroid)")
         if entry.groups != "magic":
-            raise ValueError(f"search.run {name!r} trains on groups: {entry.groups}, but the search's validation "
-                             "split is carved from MAGIC's groups; tune a groups: magic run")
+            return (f"search.run {name!r} trains on groups: {entry.groups}, but the search's validation "
+                    "split is carved from MAGIC's groups; tune a groups: magic run")
         for key, where in (("tau", "tau"), ("alpha", "options.alpha")):
             own = getattr(entry, key, None) if key == "tau" else getattr(entry.options, key, None)
             if own is not None and getattr(self.search.space, key) is not None:
-                raise ValueError(f"train.runs entry {name!r} overrides {key}, so a tuned train.{key} would not "
-                                 f"reach it; remove its {where} or set search.space.{key}: null")
+                return (f"train.runs entry {name!r} overrides {key}, so a tuned train.{key} would not "
+                        f"reach it; remove its {where} or set search.space.{key}: null")
+        return None
 
     def search_run(self) -> str:
         """The train.runs entry the search tunes: search.run, else the first entry with an image-text loss."""

@@ -59,7 +59,13 @@ class FatalBackendError(RuntimeError):
     """An error that every further request would hit too (no quota, bad key, unknown model): stop the run.
 
     Its message is redacted when it is made: it ends up in summaries, run.json, notebooks and the terminal.
+    `outcome`: the failure of the request that met it (its attempts count as spent); `outcomes`: set by the
+    engine, the outcome of every task of the step (None: never asked).
     """
+
+    reason = "fatal_error"  # the failure reason of the request that met it
+    outcome: Outcome | None = None
+    outcomes: list[Outcome | None] | None = None
 
     def __init__(self, message: str = "") -> None:
         super().__init__(redact(str(message)))
@@ -68,9 +74,13 @@ class FatalBackendError(RuntimeError):
 class QuotaExhaustedError(FatalBackendError):
     """HTTP 429 with `insufficient_quota`: the account has no credit left; retrying cannot help."""
 
+    reason = "quota_exhausted"
+
 
 class BudgetExceededError(FatalBackendError):
     """The next request would take the spend past llm.max_cost_usd: the run stopped with its answers cached."""
+
+    reason = "budget_exceeded"
 
 
 @dataclass(frozen=True)

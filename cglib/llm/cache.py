@@ -9,8 +9,10 @@ failures (429/5xx/timeouts/cut bodies after all retries), are never cached: a la
 Durability: WAL with synchronous=NORMAL survives a killed process (not a power cut) at thousands of
 commits per second. A cache file that is not a readable SQLite database of this schema (a power cut, a disk
 error, another file copied over it) is moved aside as `<name>.corrupt-<timestamp>` (with its -wal/-shm
-files) and a new, empty cache is started, with a CacheRebuiltWarning naming both paths: the run asks again
-for what the old cache held, and nothing else in the run folder is touched.
+files) and a new cache is started with every row still readable in the old file (`cglib.llm.salvage`, page by
+page), with a CacheRebuiltWarning naming both paths and the rows recovered: the run asks again only for the
+answers that were lost, and nothing else in the run folder is touched. `rebuilt` records what happened for the
+stage's summary, which adds how many requests the run still has to make and their estimated cost.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from cglib.llm.base import Outcome
+from cglib.llm.salvage import salvage_rows
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -57,6 +60,7 @@ class ResultCache:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.rebuilt: dict[str, Any] | None = None  # set when a damaged file was replaced (see the module doc)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.conn = _open(self.path)
@@ -64,10 +68,14 @@ class ResultCache:
             raise
         except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
             moved = move_aside(self.path)
-            warnings.warn(f"the LLM cache {self.path} is corrupted ({exc}); it was moved to {moved} and a new "
-                          "cache started: answers it held will be asked again (delete the moved file once you no "
-                          "longer need it)", CacheRebuiltWarning, stacklevel=2)
             self.conn = _open(self.path)
+            rows = salvage_rows(moved)
+            self.conn.executemany(f"INSERT OR REPLACE INTO results VALUES ({','.join('?' * len(COLUMNS))})", rows)
+            self.conn.commit()
+            self.rebuilt = {"path": str(self.path), "moved_to": str(moved), "error": str(exc),
+                            "recovered": len(rows)}
+            warnings.warn(rebuilt_message(self.rebuilt) + " (delete the moved file once you no longer need it)",
+                          CacheRebuiltWarning, stacklevel=2)
 
     def get_many(self, keys: list[str]) -> dict[str, Outcome]:
         """Cached outcomes of the given keys (missing keys are absent)."""
@@ -135,6 +143,19 @@ def _open(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def rebuilt_message(rebuilt: dict[str, Any]) -> str:
+    """One line on a rebuilt cache: the damage, where the old file went, the answers recovered and, once the
+    engine has estimated it, what must be asked again."""
+    error = " ".join(str(rebuilt["error"]).split())  # SQLite's integrity report spans lines
+    text = (f"the LLM cache {rebuilt['path']} is corrupted ({error}); it was moved to "
+            f"{rebuilt['moved_to']} and a new cache started with the {rebuilt['recovered']:,} answers still "
+            "readable in it")
+    if rebuilt.get("to_ask") is not None:
+        text += (f"; {rebuilt['to_ask']:,} chain requests must be asked (again), about "
+                 f"${rebuilt['to_ask_cost_usd']:.4f}, within llm.max_cost_usd")
+    return text
 
 
 def move_aside(path: Path) -> Path:

@@ -17,6 +17,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,11 @@ from cglib.llm.base import (
     FatalBackendError,
     Job,
     Outcome,
+    QuotaExhaustedError,
     image_caption_requests,
     run_sync,
 )
-from cglib.llm.cache import ResultCache
+from cglib.llm.cache import ResultCache, rebuilt_message
 from cglib.llm.canonical import canonicalize
 from cglib.llm.cost import (
     Budget,
@@ -53,6 +55,9 @@ from cglib.strict_yaml import NotTextError, read_text
 
 CHAINS_FILE = "chains.jsonl"
 SUMMARY_FILE = "summary.json"
+ATTEMPTS_FILE = "attempts.jsonl"
+# failure reasons of the request that met a stop (the run's end, not the image's answer)
+STOP_REASONS = (FatalBackendError.reason, QuotaExhaustedError.reason, BudgetExceededError.reason)
 ORACLE_NOTE = ("oracle backend: chains are the synthetic world's ground truth, not inferred from captions; "
                "for controlled experiments only")
 
@@ -68,20 +73,49 @@ class AbstractionResult:
 
 @dataclass
 class Stats:
-    """Counters of one engine run (items are tasks: one image at one level, or one group)."""
+    """Counters of one engine run (items are tasks: one image at one level, or one group).
+
+    Every item of a run ends in exactly one place, counted where it happens: answered from the cache
+    (`cache_hits`), a cached failure returned as it is (`cache_failure_hits`), sent and answered (`answered`),
+    sent and failed (`sent_failures` by reason), never asked because the run stopped (`never_asked`), or not
+    needed because the image's chain had already failed (`not_needed`). `account` adds them up against the
+    items planned, so a counter that misses an item shows as an account that does not add up."""
 
     items: int = 0
     cache_hits: int = 0
     cache_failure_hits: int = 0  # cached reply failures returned as failures (llm.retry_failed: false)
     cache_misses: int = 0
     deduplicated: int = 0  # items answered by an identical request of another item
+    sent: int = 0  # distinct requests sent (jobs that reached a server); `requests` counts every attempt
+    answered: int = 0  # items sent this run and answered
+    sent_failures: Counter = field(default_factory=Counter)  # items sent this run that failed, by reason
+    never_asked: int = 0  # items not sent because the run stopped (cost cap, fatal server error)
+    not_needed: int = 0  # later levels of an image whose chain failed at an earlier level
     requests: int = 0
     retries: Counter = field(default_factory=Counter)
-    failures: Counter = field(default_factory=Counter)
+    failures: Counter = field(default_factory=Counter)  # every failed item: sent, or a cached failure
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0  # what the cache hits cost when they were first asked
     cached_output_tokens: int = 0
+
+    def account(self, planned: int, spent_usd: float, estimated_usd: float | None, status: str,
+                stopped_by: str | None = None) -> dict[str, Any]:
+        """What happened to each of the `planned` items, the requests (retries included) and the cost; `adds_up`
+        checks the items counted where they ended against `planned`, counted before the run."""
+        failed = sum(self.sent_failures.values())
+        retries = sum(self.retries.values())
+        counted = (self.cache_hits + self.cache_failure_hits + self.answered + failed + self.never_asked
+                   + self.not_needed)
+        return {"status": status, "stopped_by": stopped_by, "items": planned, "cached": self.cache_hits,
+                "cached_failures": self.cache_failure_hits, "answered": self.answered, "failed": failed,
+                "failed_by_reason": dict(sorted(self.sent_failures.items())), "never_asked": self.never_asked,
+                "not_needed": self.not_needed, "deduplicated": self.deduplicated,
+                "requests": {"sent": self.sent, "retries": retries, "retries_by_reason": dict(sorted(self.retries.items())),
+                             "http": self.requests},
+                "cost_usd": {"spent": round(spent_usd, 6),
+                             "estimated": None if estimated_usd is None else round(estimated_usd, 6)},
+                "adds_up": counted == planned}
 
     def as_dict(self, params: Params, price_factor: float) -> dict[str, Any]:
         spent = cost_usd(self.input_tokens, self.output_tokens, params.llm, price_factor)
@@ -123,7 +157,11 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
                   budget: Budget | None = None) -> list[Outcome]:
     """Outcome of every task, in order: cache hits first, then the backend for the rest (results cached as
     they arrive). Identical requests are sent once. With a `budget` (llm.max_cost_usd) the backend stops
-    sending before the spend would pass it: every answer so far is cached, then BudgetExceededError."""
+    sending before the spend would pass it: every answer so far is cached, then BudgetExceededError.
+
+    Every task is counted in `stats` where its outcome arrives. When the run stops (FatalBackendError, the
+    budget included) the tasks never sent are counted as never asked, and the exception carries `outcomes`:
+    the outcome of every task, None for those never asked, so the caller keeps what was answered."""
     jobs: dict[str, Job] = {}
     keys: list[str] = []
     for task in tasks:
@@ -140,8 +178,11 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
             if hit.ok or not retry_failed:
                 outcomes[key] = hit
                 n = len(jobs[key].tasks)
-                stats.cache_hits += n if hit.ok else 0
-                stats.cache_failure_hits += 0 if hit.ok else n
+                if hit.ok:
+                    stats.cache_hits += n
+                else:
+                    stats.cache_failure_hits += n
+                    stats.failures[hit.reason] += n
                 stats.cached_input_tokens += hit.input_tokens
                 stats.cached_output_tokens += hit.output_tokens
     misses = [job for key, job in jobs.items() if key not in outcomes]
@@ -150,18 +191,29 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
 
     def report(job: Job, outcome: Outcome) -> None:
         outcomes[job.key] = outcome
+        n = len(job.tasks)
+        stats.sent += 1 if outcome.requests else 0
         stats.requests += outcome.requests
         stats.retries.update(outcome.retries)
         stats.input_tokens += outcome.input_tokens
         stats.output_tokens += outcome.output_tokens
+        if outcome.ok:
+            stats.answered += n
+        else:
+            stats.sent_failures[outcome.reason] += n
+            stats.failures[outcome.reason] += n
         if use_cache and outcome.cacheable:
             cache.put(job.key, kind, backend.name, backend.model, backend.prompt_version, outcome,
                       commit=backend.streaming)
-        bar.update(len(job.tasks))
+        bar.update(n)
 
     backend.budget = budget
     try:
         await backend.run(misses, report)
+    except FatalBackendError as exc:  # quota, a refused key, a dead server: what was answered is kept
+        stats.never_asked += sum(len(j.tasks) for j in misses if j.key not in outcomes)
+        exc.outcomes = [outcomes.get(k) for k in keys]
+        raise
     finally:
         backend.budget = None
         bar.close()
@@ -169,14 +221,13 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
             cache.commit()
     lost = [j for j in misses if j.key not in outcomes]
     if budget is not None and budget.stopped:
-        raise BudgetExceededError(budget.message(answered=len(misses) - len(lost), unanswered=len(lost)))
+        stats.never_asked += sum(len(j.tasks) for j in lost)
+        stop = BudgetExceededError(budget.message(answered=len(misses) - len(lost), unanswered=len(lost)))
+        stop.outcomes = [outcomes.get(k) for k in keys]
+        raise stop
     if lost:  # a backend must answer every job; say so loudly rather than dropping items
         raise RuntimeError(f"backend '{backend.name}' returned no outcome for {len(lost)} of {len(misses)} jobs")
-    result = [outcomes[k] for k in keys]
-    for out in result:
-        if not out.ok:
-            stats.failures[out.reason] += 1
-    return result
+    return [outcomes[k] for k in keys]
 
 
 def run_abstraction(dataset: CaptionDataset, params: Params, run_dir: Path,
@@ -195,6 +246,7 @@ def run_abstraction(dataset: CaptionDataset, params: Params, run_dir: Path,
 async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, backend: Backend,
                       progress: bool) -> AbstractionResult:
     start = time.perf_counter()
+    attempt = {"started": _now()}
     l_max = params.magic.l_max
     out_dir = run_dir / "abstraction"
     stats = Stats()
@@ -203,9 +255,21 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
     estimate = None
     budget = None
     cache = ResultCache(cache_path(params, run_dir)) if backend.cacheable else None
+    rebuilt = cache.rebuilt if cache is not None else None
+    level = 0
     try:
         if params.llm.backend == "openai":
-            estimate = check_budget(params, backend, cache, dataset, run_dir)
+            try:
+                estimate = check_budget(params, backend, cache, dataset, run_dir)
+            except BudgetRefusedError as exc:  # nothing was sent: the summary still says what would be asked
+                estimate = exc.estimate
+                raise
+            finally:
+                if rebuilt is not None and estimate is not None:
+                    rebuilt.update(to_ask=estimate["chains"]["requests"],
+                                   to_ask_cost_usd=estimate["chains"]["cost_usd"])
+                    if progress:
+                        print(rebuilt_message(rebuilt))
             budget = make_budget(params, backend.price_factor, estimate["chains"]["max_request_usd"])
             if progress and estimate["requests"]:
                 print(f"estimate of the requests still to be made: {estimate['chains']['requests']:,} for chains "
@@ -215,17 +279,23 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
         for level in range(1, l_max + 1):
             active = [i for i in dataset.image_ids if i not in failures]
             tasks = [ConceptTask(i, level, tuple(dataset.captions[i]), tuple(chains[i])) for i in active]
-            outcomes = await execute(backend, cache, tasks, stats, "concept", params.llm.retry_failed,
-                                     desc=f"level {level}/{l_max}", progress=progress, budget=budget)
-            for task, out in zip(tasks, outcomes):
-                if out.ok:
-                    chains[task.item_id].append(out.value)
-                else:
-                    failures[task.item_id] = Failure(task.item_id, level, out.reason, out.detail, out.raw)
-    except FatalBackendError as exc:
+            try:
+                outcomes = await execute(backend, cache, tasks, stats, "concept", params.llm.retry_failed,
+                                         desc=f"level {level}/{l_max}", progress=progress, budget=budget)
+            except FatalBackendError as exc:
+                _keep(tasks, exc.outcomes or [], chains, failures, stats, l_max)
+                raise
+            _keep(tasks, outcomes, chains, failures, stats, l_max)
+    except (FatalBackendError, BudgetRefusedError) as exc:
+        # The levels not reached are never asked for every image still in the game (the items of the level
+        # that stopped were counted by `execute`).
+        stats.never_asked += sum(l_max - level for i in dataset.image_ids
+                                 if i not in failures or failures[i].reason in STOP_REASONS)
         summary = _summary(params, backend, dataset, {}, [], stats, estimate, time.perf_counter() - start)
-        summary.update(status="stopped", error=str(exc))
-        write_json(out_dir / SUMMARY_FILE, summary)
+        stopped_by = "llm.max_cost_usd" if isinstance(exc, BudgetExceededError | BudgetRefusedError) else exc.reason
+        summary.update(status="stopped", error=str(exc), cache_rebuilt=rebuilt,
+                       account=_account(stats, dataset, params, backend, estimate, "stopped", stopped_by))
+        _record_attempt(out_dir, summary, attempt, chains_written=False)
         raise
     finally:
         if cache is not None:
@@ -233,9 +303,65 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
     done = {i: c for i, c in chains.items() if i not in failures}
     failed = [failures[i] for i in dataset.image_ids if i in failures]
     summary = _summary(params, backend, dataset, done, failed, stats, estimate, time.perf_counter() - start)
+    summary.update(cache_rebuilt=rebuilt,
+                   account=_account(stats, dataset, params, backend, estimate, "complete"))
     write_chains(out_dir / CHAINS_FILE, dataset.image_ids, done, failures, backend)
-    write_json(out_dir / SUMMARY_FILE, summary)
+    _record_attempt(out_dir, summary, attempt, chains_written=True)
     return AbstractionResult(chains=done, failures=failed, summary=summary)
+
+
+def _keep(tasks: list[ConceptTask], outcomes: list[Outcome | None], chains: dict[str, list[str]],
+          failures: dict[str, Failure], stats: Stats, l_max: int) -> None:
+    """Add one level's answers to the chains; a failure ends its image's chain (its later levels are not needed),
+    unless it is the stop of the run itself (its later levels are never asked)."""
+    for task, out in zip(tasks, outcomes):
+        if out is None:  # never asked: the run stopped first
+            continue
+        if out.ok:
+            chains[task.item_id].append(out.value)
+        else:
+            failures[task.item_id] = Failure(task.item_id, task.level, out.reason, out.detail, out.raw)
+            if out.reason not in STOP_REASONS:  # a stop's later levels are never asked (counted by the caller)
+                stats.not_needed += l_max - task.level
+
+
+def _account(stats: Stats, dataset: CaptionDataset, params: Params, backend: Backend, estimate: dict | None,
+             status: str, stopped_by: str | None = None) -> dict[str, Any]:
+    """The run's account (`Stats.account`): every image needs l_max items."""
+    spent = cost_usd(stats.input_tokens, stats.output_tokens, params.llm, backend.price_factor)
+    estimated = estimate["chains"]["cost_usd"] if estimate else None
+    return stats.account(len(dataset) * params.magic.l_max, spent, estimated, status, stopped_by)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _record_attempt(out_dir: Path, summary: dict[str, Any], attempt: dict[str, Any], chains_written: bool) -> None:
+    """summary.json of this attempt, and one line in attempts.jsonl (every attempt of the stage: when, how it
+    ended, whether it wrote chains.jsonl), so a summary never mixes this attempt with files of an earlier one."""
+    attempt.update(ended=_now(), status=summary["status"], error=summary.get("error"),
+                   chains_written=chains_written, chains=summary["chains"] if chains_written else None,
+                   account=summary["account"])
+    summary["attempt"] = {k: attempt[k] for k in ("started", "ended", "chains_written")}
+    write_json(out_dir / SUMMARY_FILE, summary)
+    with (out_dir / ATTEMPTS_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(attempt, ensure_ascii=False) + "\n")
+
+
+def load_attempts(out_dir: Path) -> list[dict[str, Any]]:
+    """The stage's attempts, oldest first (attempts.jsonl; unreadable lines are skipped and counted as such)."""
+    path = Path(out_dir) / ATTEMPTS_FILE
+    rows: list[dict[str, Any]] = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                rows.append({"status": "unreadable line of attempts.jsonl"})
+    return rows
 
 
 def remaining_chain_work(params: Params, backend: Backend, cache: ResultCache | None, dataset: CaptionDataset
@@ -298,11 +424,19 @@ def check_budget(params: Params, backend: Backend, cache: ResultCache | None, da
                 "images_with_work": len(todo)}
     limit = params.llm.max_cost_usd
     if limit is not None and estimate["cost_usd"] > limit:
-        raise ValueError(f"estimated cost ${estimate['cost_usd']:.2f} of the requests still to be made "
-                         f"({chains['requests']} for chains of {len(todo)} images, {gen['requests']} for generalized "
-                         f"captions) exceeds llm.max_cost_usd (${limit:.2f}); raise the limit, use llm.batch_api, or "
-                         "set data.max_images")
+        raise BudgetRefusedError(
+            f"estimated cost ${estimate['cost_usd']:.2f} of the requests still to be made ({chains['requests']} for "
+            f"chains of {len(todo)} images, {gen['requests']} for generalized captions) exceeds llm.max_cost_usd "
+            f"(${limit:.2f}); raise the limit, use llm.batch_api, or set data.max_images", estimate)
     return estimate
+
+
+class BudgetRefusedError(ValueError):
+    """The estimate of the requests still to be made passes llm.max_cost_usd: refused before sending any."""
+
+    def __init__(self, message: str, estimate: dict) -> None:
+        super().__init__(message)
+        self.estimate = estimate
 
 
 def write_chains(path: Path, image_ids: list[str], chains: dict[str, list[str]], failures: dict[str, Failure],

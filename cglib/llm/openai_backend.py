@@ -225,6 +225,8 @@ class OpenAIBackend(Backend):
                 except FatalBackendError as exc:
                     fatal.append(exc)
                     stop.set()
+                    if exc.outcome is not None:  # its requests were made: counted as a failure of this job
+                        report(job, exc.outcome)
                     return
                 finally:
                     if budget is not None:
@@ -246,10 +248,18 @@ class OpenAIBackend(Backend):
             raise fatal[0]
 
     async def complete(self, client: Any, job: Job) -> Outcome:
-        """One job with retries: transport errors with backoff, bad replies up to max_bad_reply_retries."""
+        """One job with retries: transport errors with backoff, bad replies up to max_bad_reply_retries. A
+        FatalBackendError leaves with the job's failure as `outcome`, so its requests are still counted."""
+        out = Outcome(ok=False)
+        try:
+            return await self._attempts(client, job, out)
+        except FatalBackendError as exc:
+            exc.outcome = _finish(out, Outcome.failure(exc.reason, str(exc), cacheable=False))
+            raise
+
+    async def _attempts(self, client: Any, job: Job, out: Outcome) -> Outcome:
         import openai
 
-        out = Outcome(ok=False)
         transport_retries = bad_replies = 0
         last_bad: tuple[str, str | None] | None = None
         while True:
@@ -312,6 +322,7 @@ class OpenAIBackend(Backend):
                         return _finish(out, Outcome.failure(err.reason, err.detail, err.raw, cacheable=final))
                     if self.budget is not None and not self.budget.fits(0):  # a retry costs too: not past the limit
                         self.budget.stopped = True
+                        out.retries[err.reason] -= 1  # not retried after all
                         return _finish(out, Outcome.failure("budget_exceeded", f"{err.reason}; not retried: "
                                                             "llm.max_cost_usd reached", err.raw, cacheable=False))
                     continue

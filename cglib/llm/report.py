@@ -47,6 +47,20 @@ def summary_table(result: AbstractionResult) -> pd.DataFrame:
             ("requests (incl. retries)", s["requests"]), ("retries by reason", s["retries_by_reason"] or "-"),
             ("tokens in / out", f"{s['tokens']['input']:,} / {s['tokens']['output']:,}"),
             ("cost this run (USD)", s["cost_usd"]), ("wall time (s)", s["wall_s"])]
+    account = s.get("account")
+    if account:  # every item where it ended, counted as it happened (cglib.llm.engine.Stats.account)
+        failed = ", ".join(f"{k}: {v}" for k, v in account["failed_by_reason"].items())
+        rows += [("items (images x levels)", f"{account['items']:,}" + ("" if account["adds_up"] else
+                                                                          " (the counts below DO NOT ADD UP)")),
+                 ("cached: answers / failures", f"{account['cached']:,} / {account['cached_failures']:,}"),
+                 ("sent: answered / failed", f"{account['answered']:,} / {account['failed']:,}"
+                  + (f" ({failed})" if failed else "")),
+                 ("never asked (stopped) / not needed (failed level)",
+                  f"{account['never_asked']:,} / {account['not_needed']:,}")]
+    if s.get("cache_rebuilt"):
+        from cglib.llm.cache import rebuilt_message
+
+        rows.append(("cache rebuilt", rebuilt_message(s["cache_rebuilt"])))
     estimate = s.get("estimate_before_run")
     if estimate:  # every request still to be made when the run started, LLM_gen included
         text = (f"{estimate['cost_usd']} ({estimate['requests']:,} requests, "
