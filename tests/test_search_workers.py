@@ -1,5 +1,5 @@
-"""Several `cglib search` workers on one study, one of them SIGKILLed in the middle of a trial, on a real PostgreSQL
-server (tests/postgres_server.py) and on a journal file; a trial of a worker on another machine that stopped its
+"""Two `cglib search` workers on one study, one of them SIGKILLed in the middle of a trial, on a real PostgreSQL
+server (tests/postgres_server.py) and on a journal file; two workers racing for the count's last trial; a trial of a worker on another machine that stopped its
 heartbeat; storage URLs whose driver is missing or whose server does not answer."""
 
 from __future__ import annotations
@@ -89,12 +89,12 @@ def started(log: Path) -> list[tuple[int, int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("storage", ["postgresql", "journal"])
 def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_path, storage, request):
-    """Workers A and B run `cglib search --trials 4` on one study; A is SIGKILLed after epoch 1 of its first trial
-    (of 6). B fails A's trial, runs its values again, and exits once the study holds exactly 4 finished trials and
-    nothing RUNNING or WAITING; no trial number was started twice; search.json's counts are the database's; the
-    best params file validates."""
+    """Workers A and B run `cglib search --trials 5` on one study, both run trials; A is SIGKILLed after epoch 1 (of
+    6) of its second trial. B fails A's trial, runs its values again, and exits once the study holds exactly 5
+    finished trials and nothing RUNNING or WAITING; no trial number was started twice; search.json's counts are
+    the database's; the best params file validates."""
     url = request.getfixturevalue("postgres")("killed") if storage == "postgresql" else "journal:search/tiny.journal"
-    path, run_dir = make_search_run(tmp_path, storage=url, trials=4, epochs=EPOCHS, pruner_startup_trials=10,
+    path, run_dir = make_search_run(tmp_path, storage=url, trials=5, epochs=EPOCHS, pruner_startup_trials=10,
                                     heartbeat_s=1)
     command = cli("search", str(path), "--run-dir", str(run_dir), "--quiet")
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
@@ -105,10 +105,10 @@ def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_
     while victim is None and time.monotonic() < deadline and a.poll() is None:
         time.sleep(0.05)
         mine = [n for n, pid in started(logs[0]) if pid == a.pid]
-        if mine and f"trial {mine[0]} epoch 1:" in logs[0].read_text():
+        if len(mine) == 2 and f"trial {mine[1]} epoch 1:" in logs[0].read_text():
             a.send_signal(signal.SIGKILL)
-            victim = mine[0]
-    assert victim is not None, f"A never reached epoch 1 of a trial: {logs[0].read_text()[-3000:]}"
+            victim = mine[1]
+    assert victim is not None, f"A never reached epoch 1 of a second trial: {logs[0].read_text()[-3000:]}"
     a.wait(timeout=30)
     killed = study_of(path, run_dir).trials[victim]
     assert killed.state == State.RUNNING and len(killed.intermediate_values) < EPOCHS  # killed mid-trial
@@ -121,7 +121,8 @@ def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_
     retries = [t for t in trials if t.user_attrs.get("retry_of") == victim]
     assert len(retries) == 1 and retries[0].params == killed.params and retries[0].state in FINISHED
     assert retries[0].user_attrs["worker"]["pid"] == b.pid  # run again by the surviving worker
-    assert len([t for t in trials if t.state in FINISHED]) == 4
+    assert len([t for t in trials if t.state in FINISHED]) == 5
+    assert {t.user_attrs["worker"]["pid"] for t in trials if t.state in FINISHED} == {a.pid, b.pid}  # both worked
     assert not [t for t in trials if t.state in (State.RUNNING, State.WAITING)]
 
     summary = json.loads((run_dir / "search" / "tiny-pairwise" / "search.json").read_text())["trials"]
@@ -129,7 +130,7 @@ def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_
         s.name: sum(t.state == s for t in trials) for s in (State.COMPLETE, State.PRUNED, State.FAIL, State.RUNNING,
                                                             State.WAITING)}
     assert summary["total"] == len(trials) and summary["retried"] == [victim]
-    assert f"4 complete, 0 pruned, 1 failed, 0 running, 0 waiting (of {len(trials)})" in logs[1].read_text()
+    assert f"5 complete, 0 pruned, 1 failed, 0 running, 0 waiting (of {len(trials)})" in logs[1].read_text()
     tuned = load_params(run_dir / "search" / "tiny-pairwise" / "best_params.yaml")
     assert tuned.run.name == "tiny-tuned"
 
