@@ -63,16 +63,18 @@ def postgres_server() -> Iterator[Callable[[str], str]]:
     returns 'postgresql://cglib@127.0.0.1:PORT/NAME'."""
     bindir = postgres_bindir()
     assert bindir is not None, why_no_postgres()
-    user = _server_user()
+    user, group = _server_user(), None
     folder = Path(tempfile.mkdtemp(prefix="cglib-postgres-"))
     if user is not None:
         account = pwd.getpwnam(user)
-        os.chown(folder, account.pw_uid, account.pw_gid)
+        group = account.pw_gid
+        os.chown(folder, account.pw_uid, group)
     data, log, port = folder / "data", folder / "server.log", _free_port()
 
     def run(*command: str | Path) -> None:
-        done = subprocess.run([str(c) for c in command], user=user, cwd=folder, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run([str(c) for c in command], user=user, group=group, extra_groups=[] if user else None,
+                              cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                              check=False)
         if done.returncode:
             server_log = log.read_text()[-2000:] if log.is_file() else ""
             raise RuntimeError(f"{Path(command[0]).name} failed ({done.returncode}): {done.stderr[-2000:]}"
