@@ -12,6 +12,7 @@ directory),
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -226,11 +227,8 @@ def _evaluate_model(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from cglib.run import RunContext, seed_everything, set_threads  # lazy: numpy; keeps cglib --help light
-    from cglib.search.study import (  # lazy: optuna; keeps cglib --help light
-        run_search,
-        shown_url,
-        storage_url,
-    )
+    from cglib.search.storage import StorageError, shown_url, storage_url  # lazy: optuna; keeps --help light
+    from cglib.search.study import run_search  # lazy: torch, optuna; keeps cglib --help light
 
     params = load_params(args.params, check_paths=not args.no_check_paths)
     run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
@@ -241,11 +239,23 @@ def _search(args: argparse.Namespace) -> int:
     seed_everything(params.run.seed)
     set_threads(params.run.threads)
     print(f"study in {shown_url(storage_url(params, run_dir))}")
-    result = run_search(RunContext(params=params, dir=run_dir, params_path=Path(args.params)), trials=args.trials,
-                        progress=not args.quiet)
+    # each trial's start and epochs, the waits and the dead workers' trials, one line each (Optuna logs the ends)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
+    search_log = logging.getLogger("cglib.search")
+    search_log.addHandler(handler)
+    search_log.setLevel(logging.INFO)
+    search_log.propagate = False  # printed once, whatever a library did to the root logger
+    try:
+        result = run_search(RunContext(params=params, dir=run_dir, params_path=Path(args.params)),
+                            trials=args.trials, progress=not args.quiet)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     trials, best = result.summary["trials"], result.summary["best"]
     print(f"study '{result.study.study_name}': {trials['COMPLETE']} complete, {trials['PRUNED']} pruned, "
-          f"{trials['FAIL']} failed, {trials['RUNNING']} running (of {trials['total']})")
+          f"{trials['FAIL']} failed, {trials['RUNNING']} running, {trials['WAITING']} waiting "
+          f"(of {trials['total']})")
     if best is None:
         print("no complete trial yet: no best params file")
         return 1
@@ -367,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "Table 2 ranges (search section of the params) for one train.runs entry, maximizing forced-"
                        "choice accuracy on a validation slice of MAGIC train (the test split is never read); resumes "
                        "a study in search.storage; writes RUN/search/STUDY/best_params.yaml; exit 0 ok, 1 no trial "
-                       "completed, 2 bad params or no MAGIC yet")
+                       "completed, 2 bad params, no MAGIC yet or a storage that cannot open (its driver, its server)")
     p.add_argument("params")
     p.add_argument("--trials", type=int, help="finished trials the study should hold (default: search.trials); a "
                    "rerun tops it up")

@@ -1,5 +1,5 @@
 """Hyper-parameter search (`cglib search`, Optuna) on tiny_magic: the validation split, resuming after SIGKILL,
-the best params file, journal storage with two processes, median pruning."""
+the best params file, median pruning (several workers on one study: test_search_workers.py)."""
 
 from __future__ import annotations
 
@@ -161,25 +161,6 @@ def test_search_resumes_after_sigkill_without_losing_a_trial(tmp_path):
     for key, value in study.best_trial.params.items():
         assert getattr(loaded.train, key) == pytest.approx(value)
     assert "validation" in best.read_text().splitlines()[0] and "never read" in best.read_text().splitlines()[0]
-
-
-@pytest.mark.slow
-def test_journal_storage_serves_two_worker_processes(tmp_path):
-    """Two `cglib search` processes share one journal file: every trial is stored once, both workers ran trials,
-    and the study holds the requested number of finished trials."""
-    path, run_dir = make_search_run(tmp_path, storage="journal:search/tiny.journal", epochs=1)
-    command = cli("search", str(path), "--run-dir", str(run_dir), "--trials", "6", "--quiet")
-    workers = [subprocess.Popen(command, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True) for _ in range(2)]
-    for worker in workers:
-        _, err = worker.communicate(timeout=600)
-        assert worker.returncode == 0, err[-3000:]
-    assert (run_dir / "search" / "tiny.journal").is_file()
-    trials = study_of(path, run_dir).get_trials()
-    finished = [t for t in trials if t.state in FINISHED]
-    assert 6 <= len(finished) <= 7  # each worker checks the shared count after its trial: at most one extra
-    assert sorted(t.number for t in trials) == list(range(len(trials)))
-    assert len({t.user_attrs["worker"]["pid"] for t in finished}) == 2
 
 
 # ------------------------------------------------------------------------------------------ pruning

@@ -200,9 +200,10 @@ class SearchParams(Section):
     storage: str | None = Field(
         None, description="Where the study lives (what makes a search resumable): null = SQLite file "
         "<run>/search/<study_name>.sqlite3 (one worker); 'journal:PATH' = Optuna's journal file (several "
-        "processes on one machine); 'sqlite:///PATH' or any SQLAlchemy database URL such as "
-        "'postgresql://user@host/db' (workers on many machines). Relative paths resolve against the run "
-        "directory; a password belongs in the URL's environment, never here (use ${ENV_VAR} in the URL).")
+        "processes on one machine); 'postgresql://user@host/db' (workers on many machines share the server; "
+        "driver: the `postgres` extra, psycopg 3); 'sqlite:///PATH' or another SQLAlchemy URL with its driver. "
+        "Relative paths resolve against the run directory; a password belongs in the URL's environment, never "
+        "here (use ${ENV_VAR} in the URL).")
     study_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$", description="Study name in the storage; "
                                    "null = '<run.name>-<search.run>'.")
     sampler_seed: int = Field(0, ge=0, description="Seed of the TPE sampler (which values are tried).")
@@ -224,8 +225,9 @@ class SearchParams(Section):
                                        "any (MedianPruner n_startup_trials).")
     pruner_warmup_epochs: int = Field(0, ge=0, description="Epochs of a trial that are never pruned "
                                       "(MedianPruner n_warmup_steps).")
-    heartbeat_s: int = Field(60, ge=1, description="Database storages: a RUNNING trial of a worker silent for "
-                             "twice this long (on any machine) is failed and its values tried again.")
+    heartbeat_s: int = Field(60, ge=1, description="Database storages: each worker's heartbeat period; a RUNNING "
+                             "trial of a worker silent for twice this long (on any machine) is failed and its values "
+                             "run again (by a worker waiting for the study's last trials, if none other).")
 
     @field_validator("storage")
     @classmethod

@@ -4,18 +4,15 @@ The paper chose M, N, the learning rate, tau and alpha "using a Bayesian hyperpa
 average accuracy. Here each trial trains the `search.run` entry of train.runs (the real `Trainer`) with values
 drawn by Optuna's TPE sampler from `search.space`, on the search view of MAGIC (validation.py: the test images
 left out, a validation slice carved from MAGIC train); after every epoch the validation forced-choice accuracy is
-reported and Optuna's median pruner may stop the trial. The study lives in `search.storage`, so a killed search
-resumes where it stopped:
+reported and Optuna's median pruner may stop the trial. The study lives in `search.storage` (storage.py: SQLite,
+a journal file or a PostgreSQL server), so a killed search resumes where it stopped, and several workers (the
+same command, started again, on this or other machines) share one study.
 
-    null (default)          SQLite file <run>/search/<study>.sqlite3; one worker
-    journal:PATH            Optuna's journal file (JournalStorage + JournalFileBackend); several processes on one
-                            machine (Optuna's FAQ advises against SQLite for parallel workers: "database is locked")
-    sqlite:///PATH, postgresql://..., mysql://...   any SQLAlchemy URL: workers on many machines share a server
-
-A trial left RUNNING by a worker that died (killed, crashed) is marked FAIL when a worker on the same host starts,
-and its values are queued again (a database storage also fails a trial whose worker on any host stopped its
-heartbeat). `--trials N` is the number of finished (complete or pruned) trials the study should hold: a rerun tops
-it up, several workers share the count.
+`--trials N` is the number of finished (complete or pruned) trials the study should hold; a rerun tops it up.
+A worker starts a trial while the study's live trials (finished, running, waiting) are fewer than N or a trial
+waits to be run again; when the count is reached it waits for the other workers' running trials, since one of
+them may die and need its values run again (storage.py finds the dead ones), and exits only when the study holds
+N finished trials and nothing RUNNING or WAITING.
 
 Files under <run>/search/<study>/: validation.json (the split), search.json (the study's summary), best_params.yaml
 (the input params with the best values merged: a ready params file), and the trials' scratch folders (training/,
@@ -26,11 +23,9 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import inspect
 import logging
-import os
 import shutil
-import warnings
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +42,15 @@ from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, p
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import magic_image_cache
 from cglib.magic.schema import load_magic
-from cglib.run import RunContext, provenance, runner_gone, runner_identity, write_json
+from cglib.run import RunContext, provenance, runner_identity, write_json
+from cglib.search.storage import (
+    open_storage,
+    recover_dead_trials,
+    shown_url,
+    storage_url,
+    study_name,
+    workspace,
+)
 from cglib.search.validation import ValidationScorer, search_view
 from cglib.strict_yaml import load_yaml, read_text
 from cglib.train.inputs import TrainInputs, model_image_size, run_entry
@@ -56,73 +59,17 @@ from cglib.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
-SEARCH_DIR = "search"
 BEST_PARAMS = "best_params.yaml"
 SUMMARY = "search.json"
 VALIDATION = "validation.json"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+LIVE = (*FINISHED, TrialState.RUNNING, TrialState.WAITING)  # the trials that count towards --trials
 # The paper's Table 2: the searched range of each key and the value it reports (arXiv 2024, Sec. 4).
 TABLE2 = {"groups_per_batch": ("2 - 10", 2), "pairs_per_group": ("2 - 15", 10), "lr": ("1e-10 - 1e-4", 1e-8),
           "tau": ("0.1 - 1", 0.1), "alpha": ("0 - 1", 0.7)}
 
 
 # ------------------------------------------------------------------------------------------- the study
-def study_name(params: Params) -> str:
-    """search.study_name, else '<run.name>-<tuned run>'."""
-    return params.search.study_name or f"{params.run.name}-{params.search_run()}"
-
-
-def workspace(params: Params, run_dir: Path) -> Path:
-    """The study's folder under the run: <run>/search/<study>/."""
-    return Path(run_dir) / SEARCH_DIR / study_name(params)
-
-
-def _under(run_dir: Path, path: str) -> Path:
-    resolved = Path(path).expanduser()
-    return resolved if resolved.is_absolute() else Path(run_dir) / resolved
-
-
-def storage_url(params: Params, run_dir: Path) -> str:
-    """The storage string with environment variables expanded and relative file paths under the run directory."""
-    spec = os.path.expandvars(params.search.storage or f"sqlite:///{SEARCH_DIR}/{study_name(params)}.sqlite3")
-    if spec.startswith("journal:"):
-        return "journal:" + str(_under(run_dir, spec.removeprefix("journal:")))
-    if spec.startswith("sqlite:///"):
-        return "sqlite:///" + str(_under(run_dir, spec.removeprefix("sqlite:///")))
-    return spec
-
-
-def shown_url(url: str) -> str:
-    """The storage string for logs and files, a password in a database URL masked."""
-    if url.startswith("journal:") or "@" not in url:
-        return url
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def open_storage(params: Params, run_dir: Path) -> optuna.storages.BaseStorage:
-    """The study's storage (see the module docstring); file storages get their folder created."""
-    url = storage_url(params, run_dir)
-    if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend
-
-        path = Path(url.removeprefix("journal:"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    heartbeat = params.search.heartbeat_s
-    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
-        optuna.storages.RetryFailedTrialCallback  # optuna < 4.9
-    keyword = "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in \
-        inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback"
-    with warnings.catch_warnings():  # the heartbeat has been "experimental" since optuna 2.8
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
-                                          **{keyword: retry(max_retry=1)})
-
-
 def open_study(params: Params, run_dir: Path) -> optuna.Study:
     """The study of these params (created, or loaded to resume): maximize, TPE sampler, median pruner."""
     s = params.search
@@ -157,22 +104,6 @@ def trial_params(params: Params, values: dict[str, Any], name: str) -> Params:
                          keep_epoch_weights=False, epochs=params.search.epochs or params.train.epochs)
     data["search"]["run"] = name
     return Params.model_validate(data)
-
-
-def recover_dead_trials(study: optuna.Study) -> list[int]:
-    """Mark FAIL the RUNNING trials whose worker on this host is gone, and queue their values again; the numbers."""
-
-    recovered = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not runner_gone(trial.user_attrs.get("worker") or {}):
-            continue
-        try:
-            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another worker recovered it first
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number}, skip_if_exists=False)
-        recovered.append(trial.number)
-    return recovered
 
 
 # --------------------------------------------------------------------------------------- the workspace
@@ -227,14 +158,36 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
 
 
 # ------------------------------------------------------------------------------------------- the search
+class SurplusTrial(Exception):
+    """A new trial beyond --trials: another worker started one at the same moment (the count check and the trial's
+    creation are two steps); it is failed before training, never trained."""
+
+
+def surplus(trial: optuna.Trial, target: int) -> bool:
+    """Whether a new trial is one too many: `target` live trials (finished, running, waiting) have lower numbers.
+    Trial numbers are handed out in order by the storage, so of two racing workers the later trial yields. A retry
+    (`retry_of`) never yields: it replaces a failed trial and its values must run."""
+    if "retry_of" in trial.user_attrs:
+        return False
+    live = trial.study.get_trials(deepcopy=False, states=LIVE)
+    return sum(t.number < trial.number for t in live) >= target
+
+
 class Objective:
     """One trial: train the tuned run with the trial's values, report validation accuracy each epoch (pruning)."""
 
-    def __init__(self, run: RunContext, space: Workspace, progress: bool) -> None:
-        self.run, self.space, self.progress = run, space, progress
+    def __init__(self, run: RunContext, space: Workspace, progress: bool, target: int) -> None:
+        self.run, self.space, self.progress, self.target = run, space, progress, target
 
     def __call__(self, trial: optuna.Trial) -> float:
+        if surplus(trial, self.target):
+            trial.set_user_attr("surplus", True)
+            raise SurplusTrial(f"the study already holds {self.target} trials; another worker started one at the "
+                               "same moment, so this one is not trained")
         trial.set_user_attr("worker", runner_identity())
+        retry = trial.user_attrs.get("retry_of")
+        logger.info("trial %d started (pid %d)%s", trial.number, runner_identity()["pid"],
+                    "" if retry is None else f", a retry of trial {retry}")
         values = suggest(trial, self.run.params)
         name = f"trial-{trial.number:05d}"
         params = trial_params(self.run.params, values, name)
@@ -246,6 +199,7 @@ class Objective:
             scores.append(score)
             trial.report(score.mean, epoch)
             trial.set_user_attr("validation_by_field", score.by_field)
+            logger.info("trial %d epoch %d: validation accuracy %.4f", trial.number, epoch, score.mean)
             if trial.should_prune():
                 raise optuna.TrialPruned(f"epoch {epoch}: validation accuracy {score.mean:.3f} is below the median "
                                          "of earlier trials at this epoch")
@@ -270,23 +224,30 @@ class SearchResult:
 
 
 def run_search(run: RunContext, trials: int | None = None, progress: bool = True) -> SearchResult:
-    """Run (or resume) the study until it holds `trials` (default search.trials) finished trials; write
-    search.json and best_params.yaml."""
+    """Run (or resume, or join) the study until it holds `trials` (default search.trials) finished trials and
+    nothing RUNNING or WAITING (see the module docstring); write search.json and best_params.yaml."""
     params = run.params
     target = trials or params.search.trials
+    study = open_study(params, run.dir)  # first: a storage that cannot open fails before any work
     space = prepare_workspace(run, progress)
-    study = open_study(params, run.dir)
-    recovered = recover_dead_trials(study)
-    for number in recovered:  # the dead worker's scratch weights
-        shutil.rmtree(space.dir / "training" / f"trial-{number:05d}", ignore_errors=True)
-    if recovered:
-        logger.warning("trials %s were left RUNNING by a worker that is gone: marked FAIL, their values queued again",
-                       recovered)
-    done = len(study.get_trials(deepcopy=False, states=FINISHED))
-    if done < target:
-        stop = optuna.study.MaxTrialsCallback(target, states=FINISHED)  # the total over every worker
-        study.optimize(Objective(run, space, progress), n_trials=target - done, callbacks=[stop],
-                       gc_after_trial=True)
+    objective = Objective(run, space, progress, target)
+    waiting_for: list[int] = []
+    while True:
+        recover_dead_trials(study, space.dir)
+        trials_now = study.get_trials(deepcopy=False)
+        states = Counter(t.state for t in trials_now)
+        if states[TrialState.WAITING] or sum(states[s] for s in LIVE) < target:
+            study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(SurplusTrial,))
+            continue
+        running = [t.number for t in trials_now if t.state == TrialState.RUNNING]
+        if not running:
+            break
+        if running != waiting_for:  # one line per change, not per poll
+            logger.info("waiting for trials %s of other workers: if one's worker dies, its values run here", running)
+            waiting_for = running
+        # a dead worker on this host is seen at the next poll, one elsewhere after its heartbeat's grace (2 x
+        # search.heartbeat_s, database storages)
+        time.sleep(min(5, params.search.heartbeat_s))
     best = write_best_params(run, study, space.dir / BEST_PARAMS)
     summary = search_summary(run, study, space)
     write_json(space.dir / SUMMARY, summary)
@@ -350,7 +311,9 @@ def search_summary(run: RunContext, study: optuna.Study, space: Workspace) -> di
         "validation": {**validation, "items": space.scorer.n_items, "unscorable_fields": space.scorer.unscorable,
                        "note": "carved from MAGIC train, seeded by run.seed; the MAGIC test split is never read"},
         "trials": {"total": len(trials), **{s: states.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING",
-                                                                           "WAITING")}},
+                                                                           "WAITING")},
+                   "retried": sorted(t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs),
+                   "surplus": sorted(t.number for t in trials if t.user_attrs.get("surplus"))},
         "epochs_per_trial": params.search.epochs or params.train.epochs,
         "space": params.search.space.model_dump(mode="json"),
         "best": None if not best else {"trial": best.number, "value": best.value, "params": best.params,
