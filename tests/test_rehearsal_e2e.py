@@ -133,3 +133,43 @@ def test_no_api_key_in_any_file_of_the_run(rehearsal_run):
     assert f"Bearer {FAKE_KEY}" in server.auth_headers  # the key really was used
     leaked = [p for p in out.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
     assert not leaked, leaked
+
+
+CORRECTED_ROWS = [{"name": "clip", "loss": "clip"}, {"name": "pairwise_pretrain", "loss": "pairwise", "pretrain": True}]
+
+
+@pytest.mark.slow
+def test_the_corrected_twin_rehearses_its_caption_prompt_and_training(rehearsal_run, tmp_path):
+    """params/paper_corrected.yaml's side of the rehearsal: the same run with run.protocol: corrected writes its
+    generalized captions per image (notebook 03) and trains two rows that carry every training-side correction
+    (notebook 05): the CLIP baseline at the fixed tau, and the pairwise loss as printed after leakage-free textual
+    pretraining with distinct targets, open_clip's optimizer and masked identical texts."""
+    import shutil
+
+    out, params, _ = rehearsal_run
+    twin = tmp_path / "rehearsal_corrected"
+    shutil.copytree(out, twin, ignore=shutil.ignore_patterns("training", "evaluation", "figures", "notebooks"))
+    corrected = deep_merge(params, {"run": {"name": "rehearsal_corrected", "protocol": "corrected"},
+                                    "train": {"runs": CORRECTED_ROWS}})
+    with FakeOpenAIServer(answer=answer) as server:
+        corrected["llm"]["base_url"] = server.url
+        path = tmp_path / "rehearsal_corrected.yaml"
+        path.write_text(yaml.safe_dump(corrected), encoding="utf-8")
+        assert cli_main(["run", str(path), "--out", str(twin), "--only", "03,05"]) == 0
+    magic = load_magic(twin / "magic" / "magic.json")
+    assert magic.generalize == "image" and all(len(magic.generalized_texts(i)) == 1 for i in magic.images)
+    assert server.total >= len(magic.images)  # one per-image request each (the chains came from the cache)
+    for entry in CORRECTED_ROWS:
+        summary = json.loads((twin / "training" / entry["name"] / "summary.json").read_text())
+        spec = summary["spec"]
+        assert summary["steps"] > 0 and summary["epoch_kind"] == "pairs"
+        assert (spec["train"]["adam_betas"], spec["train"]["adam_eps"], spec["train"]["tau_inner"]) == (
+            [0.9, 0.98], 1e-6, 0.1)
+        assert "mask_identical_texts" not in spec["train"]  # true, the corrected default
+        assert summary["amp"] == "off"  # bf16 (train.amp: auto) is GPU-only
+    clip = json.loads((twin / "training" / "clip" / "summary.json").read_text())["spec"]["run"]
+    assert clip["options"] == {"logit_scale": "fixed"}
+    pretrained = json.loads((twin / "training" / "pairwise_pretrain" / "summary.json").read_text())
+    assert pretrained["pretrain"] == "leakage_free" and pretrained["pretrain_steps"] > 0
+    assert pretrained["spec"]["train"]["pretrain_pairs"] == "distinct_targets"
+    assert pretrained["spec"]["run"]["options"]["alpha_on"] == "inner"

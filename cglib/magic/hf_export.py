@@ -149,7 +149,8 @@ def card_metadata(magic: MagicFile, source: str, world: dict | None, row_counts:
     prov = magic.provenance.get("export_provenance") or magic.provenance
     params = prov.get("params") or {}
     llm, magic_params = params.get("llm") or {}, params.get("magic") or {}
-    keep_llm = ("backend", "model", "base_url", "prompt_version", "generalize_image_prompt_version", "temperature",
+    keep_llm = ("backend", "model", "base_url", "prompt_version", "generalize_image_prompt_version",
+                "generalize_level_prompt_version", "temperature",
                 "structured_output", "batch_api", "generalized_captions_per_node", "generalized_captions_per_image",
                 "offline_method")
     ours = table1(magic)["ours"]
@@ -176,6 +177,7 @@ def card_metadata(magic: MagicFile, source: str, world: dict | None, row_counts:
             "built_by": {"llm_backend": llm.get("backend"), "llm_model": llm.get("model"),
                          "prompt_version": llm.get("prompt_version"),
                          "generalize_image_prompt_version": llm.get("generalize_image_prompt_version"),
+                         "generalize_level_prompt_version": llm.get("generalize_level_prompt_version"),
                          "embedder": magic_params.get("embedder"), "git_commit": prov.get("git_commit"),
                          "cglib_version": (prov.get("versions") or {}).get("cglib") or _cglib_version(),
                          "created": prov.get("created"), "run_name": (params.get("run") or {}).get("name")},
@@ -198,6 +200,8 @@ def card_text(meta: dict, magic: MagicFile) -> str:
     """The dataset card: YAML header then what it is, provenance, Table 1, files, how to load it, the license."""
     info = meta["cglib_magic"]
     built = info["built_by"]
+    caption_prompt = {"image": built.get("generalize_image_prompt_version"), "group": built["prompt_version"],
+                      "level": built.get("generalize_level_prompt_version")}.get(info["generalize"])
     rows = info["rows"]
     table = table1(magic).reset_index()
     table1_md = "\n".join(["| statistic | paper | ours |", "|---|---|---|",
@@ -223,7 +227,7 @@ group's hard-negative groups. Built by `cglib` (the CLEAR GLASS reproduction) fr
 | | |
 |---|---|
 | abstraction backend (LLM) | {built['llm_backend']} ({built['llm_model']}) |
-| prompts | {built['prompt_version']} (chains), {built['generalize_image_prompt_version']} (per-image LLM_gen) |
+| prompts | {built['prompt_version']} (chains), {caption_prompt} (LLM_gen, generalize: {info['generalize']}) |
 | concept embedder | {built['embedder']} |
 | git commit | {built['git_commit']} |
 | cglib | {built['cglib_version']} |
