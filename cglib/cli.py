@@ -82,6 +82,7 @@ STATUS_EXIT = {"ok": 0, "failed": 1, "interrupted": 4, "running": 5}
 
 def _status(args: argparse.Namespace) -> int:
     from cglib.pipeline import (  # lazy: numpy; keeps cglib --help light
+        resume_command,
         run_status,
         stage_summaries,
         summary_lines,
@@ -100,7 +101,8 @@ def _status(args: argparse.Namespace) -> int:
     for nb in manifest.get("notebooks", []):
         print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s" +
               (f"  {nb['error']}" if nb.get("error") else ""))
-    stages = manifest.get("summary") or stage_summaries(run_dir)  # a run still going: read the stages now
+    # read the stages now, not run.json's summary: a search or a `python -m cglib.train` after the run is shown too
+    stages = stage_summaries(run_dir, resume=resume_command(manifest.get("params_file", "PARAMS"), run_dir))
     for line in summary_lines(stages):
         print(line)
     if status == "interrupted":
@@ -228,7 +230,7 @@ def _evaluate_model(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     from cglib.run import RunContext, seed_everything, set_threads  # lazy: numpy; keeps cglib --help light
     from cglib.search.storage import StorageError, shown_url, storage_url  # lazy: optuna; keeps --help light
-    from cglib.search.study import run_search  # lazy: torch, optuna; keeps cglib --help light
+    from cglib.search.study import account_line, run_search  # lazy: torch, optuna; keeps cglib --help light
 
     params = load_params(args.params, check_paths=not args.no_check_paths)
     run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
@@ -252,10 +254,8 @@ def _search(args: argparse.Namespace) -> int:
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    trials, best = result.summary["trials"], result.summary["best"]
-    print(f"study '{result.study.study_name}': {trials['COMPLETE']} complete, {trials['PRUNED']} pruned, "
-          f"{trials['FAIL']} failed, {trials['RUNNING']} running, {trials['WAITING']} waiting "
-          f"(of {trials['total']})")
+    best = result.summary["best"]
+    print(f"study '{result.study.study_name}': {account_line(result.summary['account'])}")
     if best is None:
         print("no complete trial yet: no best params file")
         return 1

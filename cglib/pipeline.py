@@ -279,7 +279,7 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
         manifest.update(status=status, notebooks=[r.as_dict() for r in results],
                         total_s=round(sum(r.duration_s for r in results), 2))
         if status != "running":  # the end of the run: what every stage kept, skipped and failed
-            manifest["summary"] = stage_summaries(run_dir, resume=resume_command(params_path, run_dir, "02"))
+            manifest["summary"] = stage_summaries(run_dir, resume=resume_command(params_path, run_dir))
             manifest["skipped_or_failed"] = losses(manifest["summary"])
         write_json(run_dir / "run.json", manifest)
 
@@ -313,9 +313,10 @@ def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_
         save("running")
 
 
-def resume_command(params_path: Path, run_dir: Path, notebook: str) -> str:
-    """The command that runs the series again from `notebook` into the same run folder."""
-    return f"cglib run {params_path} --out {run_dir} --from {notebook}"
+def resume_command(params_path: Path, run_dir: Path, notebook: str | None = None) -> str:
+    """The command that runs the series again from `notebook` into the same run folder (without `notebook`: the
+    command a stage completes with its own `--from NN`)."""
+    return f"cglib run {params_path} --out {run_dir}" + (f" --from {notebook}" if notebook else "")
 
 
 def default_notebook_dir() -> Path:
@@ -365,7 +366,7 @@ def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
            "cache_rebuilt": summary.get("cache_rebuilt"), "attempt": summary.get("attempt")}
     if summary.get("status") not in (None, "complete"):
         out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
-        out["resume"] = resume
+        out["resume"] = resume and f"{resume} --from 02"
     chains = run_dir / "abstraction" / CHAINS_FILE
     attempt = summary.get("attempt") or {}
     if chains.is_file() and attempt and not attempt.get("chains_written"):
@@ -380,12 +381,64 @@ def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
     return out
 
 
+def _generalize(summary: dict, resume: str | None) -> dict:
+    """Notebook 03's generalized captions: the LLM account of its last attempt (the same as the chains'). Units
+    whose requests failed keep their original captions and are counted by the magic stage, so only a stop is a
+    loss here."""
+    account = summary.get("account")
+    out = {"kept": summary.get("ok", 0), "unit": "generalized-caption requests answered (generalized.jsonl)", "skipped": {}, "failed": {},
+           "llm": account}
+    if summary.get("status") not in (None, "complete"):
+        out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
+        out["resume"] = resume and f"{resume} --from 03"
+    return out
+
+
+def _training(run_dir: Path, summaries: list[Path], resume: str | None) -> dict:
+    """Per run and training seed, the account of the attempt that finished it (steps and epochs kept from a
+    checkpoint, trained now, repeated after a kill), the image cache's account, and the runs an interrupted
+    attempt left with a checkpoint and no final weights (still to resume)."""
+    from cglib.run import seed_label  # lazy: numpy, only when a run has trained
+
+    runs: dict[str, dict] = {}
+    caches: dict[str, dict] = {}
+    for path in summaries:
+        s = _read_json(path)
+        if not s:
+            continue
+        label = seed_label(s.get("name", path.parent.name), int(s.get("training_seed") or 0))
+        runs[label] = s.get("account") or {}
+        cache = (s.get("image_cache") or {}).get("account")
+        if cache:  # one cache per image size, shared by the runs of a seed: the last summary's word
+            caches[f"{cache['size']}px"] = cache
+    waiting = sorted(str(p.parent.parent.relative_to(run_dir / "training"))
+                     for p in (run_dir / "training").glob("**/checkpoints/last.pt")
+                     if not (p.parent.parent / "summary.json").is_file())
+    skipped = _merge(*(_counts(c["skipped_by_reason"]) for c in caches.values()))
+    out = {"kept": len(runs), "unit": "models trained (every training seed)",
+           "skipped": {f"image cache: {k}": v for k, v in skipped.items()}, "failed": {}, "runs": runs,
+           "image_cache": caches}
+    if waiting:
+        out["failed"] = {"interrupted, a checkpoint waits": len(waiting)}
+        out["interrupted"] = waiting
+        out["resume"] = resume and f"{resume} --from 05"
+    return out
+
+
+def _search(summary: dict) -> dict:
+    """The search study's account, read from its database when `cglib search` ended (search.json)."""
+    account = summary.get("account") or {}
+    return {"kept": account.get("finished"), "unit": f"finished trials of study {summary.get('study')}",
+            "skipped": {}, "failed": {}, "trials": account}
+
+
 def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]:
     """Per stage that has run: what it kept, skipped by reason and failed by reason, read from the files the
-    stages write (captions/summary.json, abstraction/summary.json, magic/stats.json, training/*/summary.json,
-    evaluation/results.json), with the LLM stage's account. A stage whose files are older than an earlier
-    stage's last run is marked `earlier_run` (its numbers come from another run). `resume`: the command that
-    resumes a stopped stage."""
+    stages write (captions/summary.json, abstraction/summary.json and generalize_summary.json, magic/stats.json,
+    training/*/summary.json, evaluation/results.json, search/*/search.json), with each stage's account (the LLM
+    stages', training's per run and seed with the image cache's, the search study's). A stage whose files are
+    older than an earlier stage's last run is marked `earlier_run` (its numbers come from another run).
+    `resume`: the command (without --from) that resumes a stopped stage."""
     run_dir = Path(run_dir)
     out: dict[str, dict] = {}
     ran_at: dict[str, float] = {}  # when each stage last ran (its files' time)
@@ -401,6 +454,10 @@ def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]
         started = (abstraction.get("attempt") or {}).get("started")
         ran_at["abstraction"] = (datetime.fromisoformat(started).timestamp() if started
                                  else _mtime(run_dir / "abstraction" / "summary.json"))
+    generalize = _read_json(run_dir / "abstraction" / "generalize_summary.json")
+    if generalize and generalize.get("account"):
+        out["generalize"] = _generalize(generalize, resume)
+        ran_at["generalize"] = _mtime(run_dir / "abstraction" / "generalize_summary.json")
     magic = (_read_json(run_dir / "magic" / "stats.json") or {}).get("stats")
     if magic:
         generalization = magic.get("generalization") or {}
@@ -412,11 +469,8 @@ def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]
         ran_at["magic"] = _mtime(run_dir / "magic" / "stats.json")
     summaries = sorted((run_dir / "training").glob("*/summary.json")) + sorted(
         (run_dir / "training").glob("seed*/*/summary.json"))  # training seed 0, then seeds k > 0
-    trained = [s for s in (_read_json(p) for p in summaries) if s]
-    if trained:
-        out["training"] = {"kept": len(trained), "unit": "models trained (every training seed)",
-                           "skipped": _merge(*(_counts((s.get("image_cache") or {}).get("skipped")) for s in trained)),
-                           "failed": {}}
+    if summaries or list((run_dir / "training").glob("**/checkpoints/last.pt")):
+        out["training"] = _training(run_dir, summaries, resume)
         ran_at["training"] = _mtime(*summaries)
     results = _read_json(run_dir / "evaluation" / "results.json")
     if results:
@@ -428,6 +482,10 @@ def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]
                                                {f"hierarcaps: {k}": v for k, v in _counts(hierarcaps.get("skipped")).items()}),
                              "failed": {}}
         ran_at["evaluation"] = _mtime(run_dir / "evaluation" / "results.json")
+    for path in sorted((run_dir / "search").glob("*/search.json")):
+        study = _read_json(path)
+        if study and study.get("account"):
+            out[f"search {path.parent.name}"] = _search(study)
     stages = list(ran_at)
     for k, stage in enumerate(stages):  # a stage older than one it builds on is another run's result
         newer = [up for up in stages[:k] if ran_at[up] is not None and ran_at[stage] is not None
@@ -463,7 +521,7 @@ def _llm_lines(s: dict) -> list[str]:
                      f"{a['never_asked']} never asked, ${cost['spent']:.4f} spent"
                      + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
     if s.get("cache_rebuilt"):
-        from cglib.llm.cache import rebuilt_message
+        from cglib.llm.cache import rebuilt_message  # lazy: only a run whose cache was rebuilt needs it
 
         lines.append(f"{pad}cache rebuilt: {rebuilt_message(s['cache_rebuilt'])}")
     for name, w in (s.get("other_files") or {}).items():
@@ -490,8 +548,40 @@ def summary_lines(stages: dict[str, dict]) -> list[str]:
             line += (f" [from an earlier run: written {earlier['written']}, before {earlier['before']} ran again "
                      f"at {earlier['before_ran']}]")
         lines.append(line)
-        if stage == "abstraction":
+        if stage in ("abstraction", "generalize"):
             lines += _llm_lines(s)
+        elif stage == "training":
+            lines += _training_lines(s)
+        elif stage.startswith("search "):
+            from cglib.search.study import account_line  # lazy: optuna, only for a run that searched
+
+            lines.append(" " * 15 + account_line(s["trials"]))
+    return lines
+
+
+def _training_lines(s: dict) -> list[str]:
+    """Per run and training seed, steps and epochs kept from a checkpoint plus trained now (and repeated after a
+    kill); per image size, the image cache's account; the runs still waiting on a checkpoint."""
+    pad = " " * 15
+    lines = []
+    for label, a in s["runs"].items():
+        if not a:
+            lines.append(f"{pad}{label}: no account (summary.json written by an older cglib; train it again)")
+            continue
+        steps, epochs = a["steps"], a["epochs"]
+        lines.append(f"{pad}{label}: {steps['total']} steps = {steps['kept']} kept from a checkpoint + "
+                     f"{steps['trained_now']} trained now ({steps['repeated']} of them repeated after an "
+                     f"interruption); {epochs['total']} epochs = {epochs['kept']} kept + {epochs['trained_now']} "
+                     "trained now" + ("" if a["adds_up"] else " (DOES NOT ADD UP)"))
+    for size, c in s["image_cache"].items():
+        reasons = ", ".join(f"{k}: {v}" for k, v in c["skipped_by_reason"].items())
+        lines.append(f"{pad}image cache {size}: {c['images']} images = {c['from_earlier_build']} from an earlier "
+                     f"build + {c['built_now']} built now + {c['skipped']} skipped" + (f" ({reasons})" if reasons
+                                                                                       else "")
+                     + ("" if c["adds_up"] else " (DOES NOT ADD UP)"))
+    for label in s.get("interrupted", []):
+        lines.append(f"{pad}{label}: interrupted, its checkpoint waits"
+                     + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
     return lines
 
 

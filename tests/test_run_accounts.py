@@ -247,3 +247,12 @@ def test_salvage_keeps_most_rows_of_a_truncated_file_and_of_a_corrupted_page(tmp
         cache.close()
         assert len(kept) >= (0.5 if damage == "truncate" else 0.97) * len(rows), (damage, len(kept))
         assert all(out.value == rows[key] and out.input_tokens == int(key, 16) for key, out in kept.items())
+
+
+def test_status_shows_the_last_attempts_account(attempts):
+    """`cglib status RUN_DIR` reads the stages now and prints the same account as the run's last attempt."""
+    code, text = _cli(["status", str(attempts["run_dir"])])
+    a = attempts["fatal"]["account"]
+    assert code == 1 and f"LLM: {ITEMS} items = {a['cached']} cached + " in text  # the run failed: exit 1
+    assert (f"stopped (fatal_error): {a['cached'] + a['failed']} of {ITEMS} asked ({a['cached']} from the cache), "
+            f"{a['never_asked']} never asked") in text

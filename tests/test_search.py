@@ -3,6 +3,7 @@ the best params file, median pruning (several workers on one study: test_search_
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,9 @@ from factories import tiny_magic
 from cglib.cli import main as cli_main
 from cglib.config import Params, ParamsError, load_params, parse_params
 from cglib.magic.schema import save_magic
+from cglib.pipeline import stage_summaries, summary_lines
 from cglib.run import RunContext
-from cglib.search.study import open_study, run_search
+from cglib.search.study import account_line, open_study, run_search
 from cglib.search.validation import search_view
 from cglib.train.sampler import GroupBatchSampler
 
@@ -152,6 +154,16 @@ def test_search_resumes_after_sigkill_without_losing_a_trial(tmp_path):
         retries = [t for t in after if t.user_attrs.get("retry_of") == dead.number]
         assert len(retries) == 1 and all(retries[0].params[k] == v for k, v in dead.params.items())
     assert len(after) == 4 + len(left_running)
+    # the study's account, read from the database: printed by the rerun, in search.json and in the run's stages
+    account = json.loads((run_dir / "search" / "tiny-pairwise" / "search.json").read_text())["account"]
+    requeued = len(left_running)
+    assert account["adds_up"] and account["trials"] == len(after) and account["finished"] == 4
+    assert account["requeued"] == requeued and account["left_running"] == 0 == account["waiting"]
+    assert account["failed_by_reason"] == ({"worker died (values re-queued)": requeued} if requeued else {})
+    line = account_line(account)
+    assert f"{len(after)} trials = {account['complete']} complete + {account['pruned']} pruned + {requeued} failed" \
+        in line and line in rerun.stdout
+    assert line in "\n".join(summary_lines(stage_summaries(run_dir)))
 
     best = run_dir / "search" / "tiny-pairwise" / "best_params.yaml"
     loaded = load_params(best)

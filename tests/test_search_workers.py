@@ -130,7 +130,8 @@ def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_
         s.name: sum(t.state == s for t in trials) for s in (State.COMPLETE, State.PRUNED, State.FAIL, State.RUNNING,
                                                             State.WAITING)}
     assert summary["total"] == len(trials) and summary["retried"] == [victim]
-    assert f"5 complete, 0 pruned, 1 failed, 0 running, 0 waiting (of {len(trials)})" in logs[1].read_text()
+    assert (f"{len(trials)} trials = 5 complete + 0 pruned + 1 failed (worker died (values re-queued): 1) + 0 left "
+            "running + 0 waiting; 1 re-queued") in logs[1].read_text()
     tuned = load_params(run_dir / "search" / "tiny-pairwise" / "best_params.yaml")
     assert tuned.run.name == "tiny-tuned"
 

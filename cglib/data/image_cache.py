@@ -42,12 +42,16 @@ class ImageCache:
     """Images of a dataset as one uint8 (n, size, size, 3) memmap; rows follow `image_ids` (readable images only)."""
 
     def __init__(self, directory: Path, image_ids: list[str], size: int, skipped: Counter,
-                 skipped_ids: dict[str, str]) -> None:
+                 skipped_ids: dict[str, str], n_dataset: int | None = None, built_now: bool = False) -> None:
         self.directory = Path(directory)
         self.image_ids = list(image_ids)
         self.size = size
         self.skipped = Counter(skipped)
         self.skipped_ids = dict(skipped_ids)  # image id -> reason
+        # the images the build was given (None: an index written before it was recorded) and whether this
+        # process built the cache (else it opened an earlier build): the cache's account
+        self.n_dataset = n_dataset
+        self.built_now = built_now
         self._row = {image_id: i for i, image_id in enumerate(self.image_ids)}
         self._pixels: np.ndarray | None = None
 
@@ -85,6 +89,15 @@ class ImageCache:
     def __contains__(self, image_id: object) -> bool:
         return image_id in self._row
 
+    def account(self) -> dict:
+        """Every image of the dataset where it ended: a row kept from an earlier build, a row built now, or
+        skipped (unreadable) by reason; `adds_up` checks them against the images the build was given."""
+        rows, skipped = len(self.image_ids), sum(self.skipped.values())
+        return {"images": self.n_dataset, "size": self.size, "from_earlier_build": 0 if self.built_now else rows,
+                "built_now": rows if self.built_now else 0, "skipped": skipped,
+                "skipped_by_reason": dict(sorted(self.skipped.items())),
+                "adds_up": self.n_dataset == rows + skipped}
+
 
 def _fingerprint(dataset: CaptionDataset) -> str:
     """Content fingerprint: pixel bytes of an in-memory dataset; path, byte size and mtime of each file."""
@@ -120,7 +133,8 @@ def open_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path) -> Ima
     index = json.loads(index_path.read_text(encoding="utf-8"))
     if index.get("version") != CACHE_VERSION or not index.get("complete"):
         return None
-    return ImageCache(directory, index["image_ids"], index["size"], Counter(index["skipped"]), index["skipped_ids"])
+    return ImageCache(directory, index["image_ids"], index["size"], Counter(index["skipped"]), index["skipped_ids"],
+                      n_dataset=index.get("n_dataset"))
 
 
 def build_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progress: bool = True) -> ImageCache:
@@ -175,7 +189,7 @@ def build_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progr
     if skipped:
         logger.warning("image cache: skipped %d of %d images (%s); they are left out, not replaced",
                        sum(skipped.values()), len(dataset), ", ".join(f"{k}: {v}" for k, v in skipped.items()))
-    return ImageCache(directory, kept, size, skipped, skipped_ids)
+    return ImageCache(directory, kept, size, skipped, skipped_ids, n_dataset=len(dataset), built_now=True)
 
 
 def image_cache_dir(run: RunContext) -> Path:

@@ -328,9 +328,16 @@ def _keep(tasks: list[ConceptTask], outcomes: list[Outcome | None], chains: dict
 def _account(stats: Stats, dataset: CaptionDataset, params: Params, backend: Backend, estimate: dict | None,
              status: str, stopped_by: str | None = None) -> dict[str, Any]:
     """The run's account (`Stats.account`): every image needs l_max items."""
-    spent = cost_usd(stats.input_tokens, stats.output_tokens, params.llm, backend.price_factor)
     estimated = estimate["chains"]["cost_usd"] if estimate else None
-    return stats.account(len(dataset) * params.magic.l_max, spent, estimated, status, stopped_by)
+    return llm_account(stats, len(dataset) * params.magic.l_max, params, backend, estimated, status, stopped_by)
+
+
+def llm_account(stats: Stats, planned: int, params: Params, backend: Backend, estimated_usd: float | None,
+                status: str, stopped_by: str | None = None) -> dict[str, Any]:
+    """`Stats.account` priced with the backend's actual usage: the one account of every LLM stage (chains,
+    generalized captions)."""
+    spent = cost_usd(stats.input_tokens, stats.output_tokens, params.llm, backend.price_factor)
+    return stats.account(planned, spent, estimated_usd, status, stopped_by)
 
 
 def _now() -> str:

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from cglib.config import Params
-from cglib.llm.base import Backend, Failure, FatalBackendError, GroupRequest, run_sync
+from cglib.llm.base import Backend, BudgetExceededError, Failure, FatalBackendError, GroupRequest, run_sync
 from cglib.llm.cache import ResultCache
 from cglib.llm.canonical import canonicalize
 from cglib.llm.cost import CAPTION_REPLY_TOKENS, estimate_payloads, make_budget
-from cglib.llm.engine import Stats, cache_path, execute
+from cglib.llm.engine import BudgetRefusedError, Stats, cache_path, execute, llm_account
 from cglib.llm.generalizers import OfflineGeneralizer, make_generalizer
 from cglib.run import provenance, write_json
 
@@ -98,9 +98,9 @@ def check_generalize_budget(params: Params, backend: Backend, cache: ResultCache
     estimate = estimate_payloads(params, [p for p, _ in todo], [n * CAPTION_REPLY_TOKENS for _, n in todo])
     limit = params.llm.max_cost_usd
     if limit is not None and estimate["cost_usd"] > limit:
-        raise ValueError(f"estimated cost ${estimate['cost_usd']:.2f} of {estimate['requests']} uncached "
+        raise BudgetRefusedError(f"estimated cost ${estimate['cost_usd']:.2f} of {estimate['requests']} uncached "
                          f"generalized-caption requests exceeds llm.max_cost_usd (${limit:.2f}); raise the limit, "
-                         "use llm.batch_api, or set magic.generalize: group (one request per l1 node)")
+                         "use llm.batch_api, or set magic.generalize: group (one request per l1 node)", estimate)
     return estimate
 
 
@@ -115,6 +115,13 @@ def generalize_groups(requests: list[GroupRequest], params: Params, run_dir: Pat
     return run_sync(lambda: _generalize(requests, params, run_dir, backend, progress, scope))
 
 
+def _account(stats: Stats, requests: list[GroupRequest], params: Params, backend: Backend, estimate: dict | None,
+             status: str, stopped_by: str | None = None) -> dict[str, Any]:
+    """The stage's account (`cglib.llm.engine.llm_account`): one item per request."""
+    estimated = estimate["cost_usd"] if estimate else None
+    return llm_account(stats, len(requests), params, backend, estimated, status, stopped_by)
+
+
 async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Path, backend: Backend,
                       progress: bool, scope: str = "group") -> GeneralizeResult:
     start = time.perf_counter()
@@ -124,20 +131,27 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
     estimate = None
     with ResultCache(cache_path(params, run_dir)) as cache:
         budget = None
-        if params.llm.backend == "openai":
-            estimate = check_generalize_budget(params, backend, cache, requests)
-            budget = make_budget(params, backend.price_factor, estimate["max_request_usd"])
-            if progress and estimate["requests"]:
-                print(f"estimate for {estimate['requests']:,} uncached generalized-caption requests: "
-                      f"{estimate['input_tokens']:,} input tokens, about ${estimate['cost_usd']:.2f}")
         try:
+            if params.llm.backend == "openai":
+                try:
+                    estimate = check_generalize_budget(params, backend, cache, requests)
+                except BudgetRefusedError as exc:  # nothing sent: every item is never asked
+                    estimate = exc.estimate
+                    stats.never_asked += len(requests)
+                    raise
+                budget = make_budget(params, backend.price_factor, estimate["max_request_usd"])
+                if progress and estimate["requests"]:
+                    print(f"estimate for {estimate['requests']:,} uncached generalized-caption requests: "
+                          f"{estimate['input_tokens']:,} input tokens, about ${estimate['cost_usd']:.2f}")
             outcomes = await execute(backend, cache, requests, stats, kind, params.llm.retry_failed,
                                      desc=f"generalized captions ({scope})", progress=progress, budget=budget)
-        except FatalBackendError as exc:  # quota, auth, llm.max_cost_usd: answers so far are cached
+        except (FatalBackendError, BudgetRefusedError) as exc:  # quota, auth, llm.max_cost_usd: answers so far are cached
+            stopped_by = "llm.max_cost_usd" if isinstance(exc, BudgetExceededError | BudgetRefusedError) else exc.reason
             out_dir.mkdir(parents=True, exist_ok=True)
             write_json(out_dir / GENERALIZE_SUMMARY_FILE, {
                 "status": "stopped", "error": str(exc), "scope": scope, "backend": backend.name,
                 "estimate_before_run": estimate, **stats.as_dict(params, backend.price_factor),
+                "account": _account(stats, requests, params, backend, estimate, "stopped", stopped_by),
                 "provenance": provenance(params, stage="generalize")})
             raise
     captions = {r.group_id: list(o.value) for r, o in zip(requests, outcomes) if o.ok}
@@ -157,6 +171,7 @@ async def _generalize(requests: list[GroupRequest], params: Params, run_dir: Pat
                                                                                        for r in requests), default=0))},
         "estimate_before_run": estimate,
         "wall_s": round(time.perf_counter() - start, 3), **stats.as_dict(params, backend.price_factor),
+        "account": _account(stats, requests, params, backend, estimate, "complete"),
     }
     if isinstance(backend, OfflineGeneralizer):
         summary["items_without_shared_phrase"] = sum(1 for o in outcomes if o.ok and o.meta.get("weak"))

@@ -7,6 +7,7 @@ from collections import Counter
 import pandas as pd
 from matplotlib.figure import Figure
 
+from cglib.llm.cache import rebuilt_message
 from cglib.llm.engine import AbstractionResult, chain_agreement, level_counts
 
 
@@ -58,8 +59,6 @@ def summary_table(result: AbstractionResult) -> pd.DataFrame:
                  ("never asked (stopped) / not needed (failed level)",
                   f"{account['never_asked']:,} / {account['not_needed']:,}")]
     if s.get("cache_rebuilt"):
-        from cglib.llm.cache import rebuilt_message
-
         rows.append(("cache rebuilt", rebuilt_message(s["cache_rebuilt"])))
     estimate = s.get("estimate_before_run")
     if estimate:  # every request still to be made when the run started, LLM_gen included

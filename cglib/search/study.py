@@ -314,6 +314,7 @@ def search_summary(run: RunContext, study: optuna.Study, space: Workspace) -> di
                                                                            "WAITING")},
                    "retried": sorted(t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs),
                    "surplus": sorted(t.number for t in trials if t.user_attrs.get("surplus"))},
+        "account": trial_account(trials),
         "epochs_per_trial": params.search.epochs or params.train.epochs,
         "space": params.search.space.model_dump(mode="json"),
         "best": None if not best else {"trial": best.number, "value": best.value, "params": best.params,
@@ -321,6 +322,39 @@ def search_summary(run: RunContext, study: optuna.Study, space: Workspace) -> di
         "table2": table2_rows(params, study),
         "provenance": provenance(params),
     }
+
+
+def trial_account(trials: list[optuna.trial.FrozenTrial]) -> dict[str, Any]:
+    """The study's account, read from its database: every trial in one place (finished: complete or pruned; failed
+    by reason; left running; waiting to run), each failure by why, and the dead workers' trials re-queued (their
+    values queued again as a new trial). `adds_up` checks the places against the trials stored."""
+    requeued = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    place: Counter = Counter()
+    failed: Counter = Counter()
+    for t in trials:
+        if t.state in FINISHED:
+            place[t.state.name.lower()] += 1
+        elif t.state == TrialState.FAIL:
+            place["failed"] += 1
+            failed["worker died (values re-queued)" if t.number in requeued else
+                   "surplus (another worker started it at the same moment; never trained)"
+                   if t.user_attrs.get("surplus") else "error in training (see the worker's log)"] += 1
+        else:  # RUNNING or WAITING
+            place[t.state.name.lower()] += 1
+    counted = sum(place[k] for k in ("complete", "pruned", "failed", "running", "waiting"))
+    return {"trials": len(trials), "finished": place["complete"] + place["pruned"], "complete": place["complete"],
+            "pruned": place["pruned"], "failed": place["failed"], "failed_by_reason": dict(sorted(failed.items())),
+            "requeued": len(requeued), "left_running": place["running"], "waiting": place["waiting"],
+            "adds_up": counted == len(trials) and sum(failed.values()) == place["failed"]}
+
+
+def account_line(account: dict[str, Any]) -> str:
+    """The study's account on one line (`cglib search`, `cglib status`)."""
+    failed = ", ".join(f"{k}: {v}" for k, v in account["failed_by_reason"].items())
+    return (f"{account['trials']} trials = {account['complete']} complete + {account['pruned']} pruned + "
+            f"{account['failed']} failed" + (f" ({failed})" if failed else "")
+            + f" + {account['left_running']} left running + {account['waiting']} waiting"
+            + ("" if account["adds_up"] else " (DOES NOT ADD UP)") + f"; {account['requeued']} re-queued")
 
 
 def table2_rows(params: Params, study: optuna.Study) -> list[dict[str, Any]]:

@@ -44,12 +44,12 @@ class RunLog:
         if not self.enabled:
             return
         self.csv.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
+        self.file.flush()  # a killed attempt's log then holds every step it did: a resume counts what it repeats
         for key in ("loss", "inner", "outer", "lr", "grad_norm", "images_per_s", "data_wait_s", "re_mean",
                     "re_minimax", "re_reg", "re_angle_pos", "re_angle_neg"):
             if isinstance(row.get(key), float) and math.isfinite(row[key]):
                 self.window.setdefault(key, []).append(row[key])
         if row["global_step"] % self.log_every == 0:
-            self.file.flush()
             for key, values in self.window.items():
                 self.writer.add_scalar(f"{row['phase']}/{key}", float(np.mean(values)), row["global_step"])
             self.window = {}
@@ -58,3 +58,12 @@ class RunLog:
         if self.enabled:
             self.file.close()
             self.writer.close()
+
+
+def logged_steps(path: Path, after: int = 0) -> int:
+    """Optimizer steps a log.csv records after global step `after` (0 when there is no log)."""
+    if not path.is_file():
+        return 0
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        return sum(1 for r in csv.DictReader(f) if (r.get("global_step") or "").isdigit()
+                   and int(r["global_step"]) > after)

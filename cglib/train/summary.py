@@ -77,6 +77,18 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
     return {**bundle.info(), "activation_source": resolve_activation(m.name, m.pretrained, m.force_activation).source}
 
 
+def training_account(trainer: Trainer) -> dict[str, Any]:
+    """This attempt's account of the run: optimizer steps and epochs kept from a checkpoint plus those done now
+    (counted as they were done) against the run's totals, and the steps an earlier, killed attempt did past its
+    checkpoint, lost and done again now (read from its log.csv)."""
+    s, kept, now = trainer.state, trainer.kept, trainer.done_now
+    total = {"steps": s.global_step, "epochs": len(s.epoch_losses) + len(s.pretrain_losses)}
+    return {"steps": {"total": total["steps"], "kept": kept["steps"], "trained_now": now["steps"],
+                      "repeated": trainer.repeated_steps},
+            "epochs": {"total": total["epochs"], "kept": kept["epochs"], "trained_now": now["epochs"]},
+            "adds_up": all(total[k] == kept[k] + now[k] for k in total)}
+
+
 def finish(trainer: Trainer) -> dict[str, Any]:
     """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
     s, entry, t, files, objective = trainer.state, trainer.entry, trainer.t, trainer.files, trainer.objective
@@ -123,7 +135,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "tau_note": "fixed train.tau / tau_inner (clip with options.logit_scale: learned: its own scale, in "
                     "objective.logit_scale); model.logit_scale frozen and unused",
         "image_cache": {"size": trainer.inputs.cache.size, "images": len(trainer.inputs.cache),
-                        "skipped": dict(trainer.inputs.cache.skipped)},
+                        "skipped": dict(trainer.inputs.cache.skipped), "account": trainer.inputs.cache.account()},
+        "account": training_account(trainer),
         "model": model_info(trainer.params, trainer.bundle),
         "device": str(trainer.device), "world_size": trainer.info.world_size,
         "amp": files.precision["amp"],

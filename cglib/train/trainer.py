@@ -33,7 +33,7 @@ from cglib.train.objectives import Objective, build_objective
 from cglib.train.optim import amp_dtype
 from cglib.train.phases import Phase
 from cglib.train.released import TRAINED_HERE, load_released, released_present
-from cglib.train.runlog import LOG_COLUMNS, RunLog
+from cglib.train.runlog import LOG_COLUMNS, RunLog, logged_steps
 from cglib.train.step import Stepper
 from cglib.train.summary import finish
 
@@ -69,6 +69,11 @@ class Trainer:
         # Stepper's interrupt-proof update, so together with them this is an exact checkpoint at any interruption
         self.boundary: tuple[dict[str, Any], dict[str, Any], Stepper | None] | None = None
         self.resumed_from: int | None = None
+        # this attempt's account (summary.json `account`): optimizer steps and epochs counted as they are done,
+        # beside what the checkpoint kept and what an earlier attempt did past its checkpoint (done again here)
+        self.done_now = {"steps": 0, "epochs": 0}
+        self.kept = {"steps": 0, "epochs": 0}
+        self.repeated_steps = 0
         self.warmup_used: dict[str, int] = {}
         # what the phases tell the run summary (sampler, pretraining, re_training, precomputed_texts)
         self.described: dict[str, Any] = {}
@@ -94,6 +99,10 @@ class Trainer:
         """Train (or resume) the run; return its summary (written by summary.finish)."""
         seed_everything(self.run.train_seed)  # the training seed: init of anything built here
         ckpt = self.files.load_checkpoint()
+        if self.info.is_main and not (self.out / "summary.json").is_file():
+            # an unfinished earlier attempt: the steps it logged past its checkpoint (all, without one) are lost
+            self.repeated_steps = logged_steps(self.out / "log.csv",
+                                               after=ckpt["progress"]["global_step"] if ckpt else 0)
         if ckpt is None:
             self.files.clear_outputs()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +117,8 @@ class Trainer:
                                  f"unexpected {unexpected[:5]}; delete it (or set train.resume: false) to start over")
             self.state = Progress(**ckpt["progress"])
             self.resumed_from = self.state.global_step
+            self.kept = {"steps": self.state.global_step,
+                         "epochs": len(self.state.epoch_losses) + len(self.state.pretrain_losses)}
             logger.info("resuming %s at %s epoch %d batch %d", self.entry.name, self.state.phase,
                         self.state.epoch, self.state.batch)
         self.bundle.model.to(self.device)
@@ -216,6 +227,7 @@ class Trainer:
             with defer_interrupts():
                 getattr(s, phase.losses).append(s.epoch_sum / max(1, s.epoch_count))
                 s.epoch, s.batch, s.epoch_sum, s.epoch_count = s.epoch + 1, 0, 0.0, 0
+                self.done_now["epochs"] += 1
                 self._mark(phase.stepper)
             for callback in self.callbacks:
                 callback.epoch_end(self, phase)
@@ -227,6 +239,7 @@ class Trainer:
         s = self.state
         s.batch += len(items)
         s.count(result)
+        self.done_now["steps"] += 1
         if phase.image_text:
             s.images += images
             s.data_wait_s += wait
