@@ -259,7 +259,6 @@ def train_all(run: RunContext, names: list[str] | None = None, progress: bool = 
     return out
 
 
-
 def load_trained(params: Params, run_dir: str | Path, name: str, device: str = "cpu", seed: int = 0) -> ClipModel:
     """The model trained by run `name` of train.runs, or "zero-shot" (the initial weights), under training seed
     `seed`, in eval mode."""

@@ -1,13 +1,13 @@
 """Notebook 05 on every GPU: `train.processes` K > 1 trains the runs with `torchrun -m cglib.train` as a child.
 
 `train_runs(run)` is what notebook 05 calls. With one process it is `train_all`. With K > 1 it first says which
-runs cannot run distributed (their objective's own `distributed_refusal`, `inputs.distributed_refusal`) and trains
-those in this process (with any such init of the other runs), then starts `torchrun --standalone --nproc_per_node K -m cglib.train PARAMS --run-dir DIR
---runs NAME ...` for the others: one rank per GPU (NCCL), or K gloo CPU processes when run.device is cpu. Its
-output (announcements, rank 0's progress bars, errors) is copied to this process's stdout as it comes; when it
-fails, the error ends with its last lines. Then every summary is read back as `train_all` returns them (the
-spec-hash check of a finished run). A run interrupted in the child resumes from its checkpoint on the next call,
-on any number of processes, exactly as a single-process run does.
+runs cannot run distributed (their objective's own `distributed_refusal`, `inputs.distributed_refusal`) and
+trains those in this process (with any such init of the other runs), then starts `torchrun --standalone
+--nproc_per_node K -m cglib.train PARAMS --run-dir DIR --runs NAME ...` for the others: one rank per GPU (NCCL),
+or K gloo CPU processes when run.device is cpu. Its output (announcements, rank 0's progress bars, errors) is
+copied to this process's stdout as it comes; when it fails, the error ends with its last lines. Then every
+summary is read back as `train_all` returns them (the spec-hash check of a finished run). A run interrupted in
+the child resumes from its checkpoint on the next call, exactly as a single-process run does.
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ def split_runs(run: RunContext, names: list[str]) -> tuple[list[str], dict[str, 
 
 
 def torchrun_command(run: RunContext, processes: int, names: list[str], progress: bool) -> list[str]:
-    """The child's command line: one node, `processes` ranks, the runs `names` of this run's params and folder."""
+    """The child's command line: one node, `processes` ranks, the runs `names` of this run's params file (the child
+    reads the file, not this process's `run.params`) and folder."""
+    if run.params_path is None:
+        raise ValueError("train.processes > 1 trains in a child process that reads the params file: open the run "
+                         "with cglib.run.open_run(PARAMS) (this RunContext has no params_path)")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
             "-m", "cglib.train", str(Path(run.params_path).resolve()), "--run-dir", str(Path(run.dir).resolve()),
             "--runs", *names, *([] if progress else ["--no-progress"])]
