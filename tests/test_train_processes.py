@@ -2,13 +2,15 @@
 
 `train_runs` (what notebook 05 calls) with `train.processes: 2` on CPU starts `torchrun` with 2 gloo processes as
 a child; two torchrun agents joined by a c10d rendezvous on loopback stand for 2 nodes x 1 process (the README's
-multi-node command). Both must train the weights of one process; a 2-process run stopped by SIGTERM and resumed
-must end bit-identical to an uninterrupted 2-process run, as a single-process run does (test_train_faults).
+multi-node command). Both must train the weights of one process; a 2-process run stopped by Ctrl-C in the
+calling process (its ranks get SIGTERM) and resumed must end bit-identical to an uninterrupted 2-process run, as a
+single-process run does (test_train_faults). 4 epochs of 6 steps leave seconds to stop the run in the middle.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -33,7 +35,7 @@ from cglib.train.processes import child_env, resolved_processes, split_runs
 
 PARAMS = {"run": {"name": "processes", "device": "cpu", "threads": 1},
           "model": {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": False},
-          "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 2, "lr": 1e-3, "warmup_steps": 1,
+          "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 4, "lr": 1e-3, "warmup_steps": 1,
                     "epoch": "groups", "log_every": 1, "runs": [{"name": "pw", "loss": "pairwise"}]}}
 FINAL = "training/pw/final.safetensors"
 RE_ROWS = [{"name": "hc", "loss": "re", "options": {"lr": 1e-3, "batch_size": 8}},
@@ -103,6 +105,9 @@ def test_processes_stay_out_of_the_spec_and_refusals_come_from_the_objectives(tm
         train_all(run, ["pw", "hc_ft"], info=DistInfo(0, 2))  # hc, the init of hc_ft, is not trained yet
     with pytest.raises(ValueError, match="train.processes must be a positive int or auto"):
         run_folder(tmp_path / "zero", processes=0)
+    in_memory = RunContext(params=folders[2].params, dir=folders[2].dir)  # the child reads a params file
+    with pytest.raises(ValueError, match=r"open the run with cglib.run.open_run\(PARAMS\)"):
+        train_runs(in_memory, ["pw"])
 
 
 @pytest.mark.slow
@@ -111,54 +116,45 @@ def test_two_nodes_train_the_weights_of_one_process(one_process, two_nodes):
     assert_close(two_nodes, one_process)
 
 
-CHILD = textwrap.dedent("""
-    import sys, time
+KERNEL = textwrap.dedent("""
+    import sys
     from pathlib import Path
     from cglib.config import load_params
-    from cglib.distributed import init_distributed
     from cglib.run import RunContext
-    from cglib.train import train_one
-    from cglib.train.faults import Terminated
+    from cglib.train import train_runs
 
-    params_path, run_dir, marker = sys.argv[1:]
+    params_path, run_dir = sys.argv[1:]
     run = RunContext(params=load_params(params_path), dir=Path(run_dir), params_path=Path(params_path))
-    info = init_distributed("cpu")
-
-    def hook(row):
-        if row["global_step"] == 3:  # every rank stops here; SIGTERM arrives between steps
-            if info.is_main:
-                Path(marker).write_text("3")
-            time.sleep(120)
-
     try:
-        train_one(run, "pw", info=info, on_step=hook, progress=False)
-    except Terminated:
-        sys.exit(143)
+        train_runs(run, ["pw"], progress=False)
+    except KeyboardInterrupt:
+        sys.exit(130)
 """)
 
 
 @pytest.mark.slow
 def test_processes_2_resumes_a_stopped_run_exactly(tmp_path, one_process, two_nodes, capfd):
-    """A 2-process torchrun stopped by SIGTERM after step 3 leaves rank 0's checkpoint; `train_runs` with
-    train.processes: 2 resumes it there and ends with exactly the weights of an uninterrupted 2-process run (and
-    those of one process, to rounding); the child's output reaches this process. The re run trains here first,
-    said before, and its fine-tune (init: hc) then under torchrun."""
+    """Ctrl-C in the process that called `train_runs` (notebook 05's kernel) while its 2-process torchrun child
+    trains: the child's ranks get SIGTERM and rank 0 saves a checkpoint; `train_runs` again resumes there and ends
+    with exactly the weights of an uninterrupted 2-process run (and those of one process, to rounding), the
+    child's output reaching this process. The re run trains here first, said before, and its fine-tune (init:
+    hc) then under torchrun."""
     run = run_folder(tmp_path / "parts", processes=2, runs=[*PARAMS["train"]["runs"], *RE_ROWS])
-    script, marker = tmp_path / "child.py", tmp_path / "reached"
-    script.write_text(CHILD, encoding="utf-8")
-    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                              str(script), str(run.params_path), str(run.dir), str(marker)],
-                             env={**child_env(), "OMP_NUM_THREADS": "1"})
+    script, log = tmp_path / "kernel.py", run.dir / "training/pw/log.csv"
+    script.write_text(KERNEL, encoding="utf-8")
+    kernel = subprocess.Popen([sys.executable, str(script), str(run.params_path), str(run.dir)],
+                              env={**child_env(), "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 300
-    while not marker.exists():
-        assert child.poll() is None and time.monotonic() < deadline, "the ranks did not reach step 3"
-        time.sleep(0.2)
-    child.terminate()  # SIGTERM to torchrun, which passes it to both ranks
-    assert child.wait(timeout=120) != 0
-    assert load_checkpoint(run.dir / "training/pw/checkpoints/last.pt")["progress"]["global_step"] == 3
+    while not (log.is_file() and len(log.read_text(encoding="utf-8").splitlines()) >= 2):  # a step is logged
+        assert kernel.poll() is None and time.monotonic() < deadline, "the ranks did not log a step"
+        time.sleep(0.05)
+    kernel.send_signal(signal.SIGINT)  # Ctrl-C, or the notebook's stop button
+    assert kernel.wait(timeout=120) == 130
+    stopped = load_checkpoint(run.dir / "training/pw/checkpoints/last.pt")["progress"]["global_step"]
+    assert 1 <= stopped < 24
 
     summaries = train_runs(run, progress=False)
-    assert summaries["pw"]["resumed_from_step"] == 3 and summaries["pw"]["steps"] == 12
+    assert summaries["pw"]["resumed_from_step"] == stopped and summaries["pw"]["steps"] == 24
     out = capfd.readouterr().out
     assert "hc: trains in this process, not under torchrun (loss re: " in out
     assert "training pw, hc_ft on 2 processes" in out
