@@ -1,6 +1,6 @@
 """DDP under torchrun: process rank, world size and device; ranks hold whole groups of each batch.
 
-`torchrun --nproc_per_node K -m cglib.train PARAMS --run NAME` sets RANK/WORLD_SIZE/LOCAL_RANK; every rank
+`torchrun --nproc_per_node K -m cglib.train PARAMS --runs NAME` sets RANK/WORLD_SIZE/LOCAL_RANK; every rank
 builds the same batch (a pure function of seed, epoch, index) and keeps its contiguous slice of M/K groups.
 The losses gather all ranks' features themselves (cglib.losses.gather_groups), so the loss is the global
 batch's, and DDP's gradient averaging then gives exactly the single-process gradient. NCCL on CUDA, gloo on CPU.

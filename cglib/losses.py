@@ -54,6 +54,7 @@ Conventions shared by every loss here:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -85,8 +86,13 @@ def gather_groups(features: Tensor) -> Tensor:
         shards = [torch.empty_like(features) for _ in range(world_size)]
         dist.all_gather(shards, features.contiguous())
         return torch.cat(shards, dim=0)
-    # torch.distributed.nn's all_gather is differentiable: its backward sums every rank's gradient for a shard
-    return torch.cat(torch.distributed.nn.functional.all_gather(features), dim=0)
+    # torch.distributed.nn's all_gather is differentiable: its backward sums every rank's gradient for a shard.
+    # torch 2.x marks it deprecated (a FutureWarning addressed to this code, not to users); printed at every step
+    # of every rank it would bury a run's output (notebook 05 under train.processes), so it is silenced here alone
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*all_gather is deprecated", category=FutureWarning)
+        shards = torch.distributed.nn.functional.all_gather(features)
+    return torch.cat(shards, dim=0)
 
 
 # -------------------------------------------------------------------------------------------- checks

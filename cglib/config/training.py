@@ -204,6 +204,12 @@ class TrainParams(Section):
     keep_epoch_weights: bool = Field(False, description="Also keep each epoch's weights (checkpoints/epoch-XXX."
                                      "safetensors); resuming needs none of them, only the final weights are kept.")
     num_workers: int = Field(0, ge=0, description="DataLoader workers.")
+    processes: int | Literal["auto"] = Field(
+        1, description="Training processes of notebook 05 (`cglib run`): 1 trains in the notebook's kernel; K > 1 "
+        "trains each run with `torchrun --nproc_per_node K -m cglib.train` as a child process (NCCL, one GPU each; "
+        "gloo CPU processes with run.device: cpu); auto: one per visible GPU (1 without a GPU). Runs whose "
+        "objective cannot run distributed train in the kernel, said before training starts. Not part of a run's "
+        "spec: the weights do not depend on it.")
     log_every: int = Field(10, ge=1, description="Log every k steps.")
     base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
                                   "starts from (the zero-shot row).")
@@ -217,6 +223,14 @@ class TrainParams(Section):
         "the world, MAGIC, the split and the evaluation items fixed, so models compare paired within a seed. Seed 0 "
         "is run.seed itself and lives in training/ (as before this key); seed k in training/seed<k>/. Results are "
         "means over the seeds with a hierarchical bootstrap (seeds, then images).")
+
+    @field_validator("processes")
+    @classmethod
+    def _processes(cls, processes: int | str) -> int | str:
+        if processes != "auto" and processes < 1:
+            raise ValueError(f"train.processes must be a positive int or auto, got {processes}; 1 trains in "
+                             "the notebook's own process")
+        return processes
 
     @field_validator("seeds")
     @classmethod

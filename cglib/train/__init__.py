@@ -13,6 +13,7 @@ _EXPORTS = {
              "model_image_size", "run_spec", "seed_label", "summary_table", "train_all", "train_one",
              "weights_moved_note"],
     "pretrain": ["TextPairSampler", "exposed_to_eval_strings"],
+    "processes": ["train_runs"],
     "sampler": ["GroupBatch", "GroupBatchSampler"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

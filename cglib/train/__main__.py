@@ -1,7 +1,9 @@
-"""`python -m cglib.train PARAMS [--run NAME ...]`: train runs of a params file; works under torchrun (DDP).
+"""`python -m cglib.train PARAMS [--runs NAME ...]`: train runs of a params file; works under torchrun (DDP).
 
-    python -m cglib.train params/paper.yaml --run pairwise
-    torchrun --nproc_per_node 2 -m cglib.train params/paper.yaml --run pairwise
+    python -m cglib.train params/paper.yaml --runs pairwise centroid
+    torchrun --nproc_per_node 2 -m cglib.train params/paper.yaml --runs pairwise
+
+Under torchrun write `--runs`: torchrun's own parser reads `--run` as an ambiguous abbreviation of its `--run-path`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from cglib.config import load_params
 from cglib.distributed import init_distributed
 from cglib.run import RunContext, open_run, seed_everything, set_threads
@@ -20,12 +24,13 @@ from cglib.train.faults import Terminated
 from cglib.train.loop import train_all
 
 
+@record  # under torchrun, a rank's exception (its message and traceback) is in torchrun's failure summary
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, join the process group (under torchrun), train, print the summaries' key figures."""
     parser = argparse.ArgumentParser(prog="python -m cglib.train", description=__doc__.splitlines()[0])
     parser.add_argument("params", type=Path, help="params YAML file (e.g. params/demo.yaml)")
-    parser.add_argument("--run", action="append", dest="runs", metavar="NAME",
-                        help="a train.runs name (repeatable); default: every run")
+    parser.add_argument("--runs", "--run", action="extend", nargs="+", dest="runs", metavar="NAME",
+                        help="train.runs names (repeatable); default: every run")
     parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default outputs/<run.name>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (batch jobs)")
     args = parser.parse_args(argv)

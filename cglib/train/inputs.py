@@ -116,7 +116,9 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
             del spec[key]
     spec["tau"] = entry.tau or t.tau
     # pretrain_targets acts through the entries' resolved `pretrain` (in the run spec above)
-    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds", "pretrain_targets"}
+    # how a run is carried out (resumed, loaded, logged, on how many processes) leaves its result unchanged
+    exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds", "pretrain_targets",
+               "processes"}
     train = t.model_dump(mode="json", exclude=exclude)
     for key, default in TRAIN_KEY_DEFAULTS.items():
         if train[key] == default:
@@ -134,6 +136,27 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     if entry.init is not None:
         out["init"] = run_spec(params, run_entry(params, entry.init), training_seed)
     return out
+
+
+def distributed_refusal(params: Params, entry: TrainRunParams) -> str | None:
+    """Why run `entry` cannot train under torchrun (None: it can): its objective's own declaration
+    (`Objective.distributed_refusal`), or a text phase on the projection alone (its steps bypass DDP)."""
+    objective = entry.objective()
+    if objective.distributed_refusal:
+        return f"loss {entry.loss}: {objective.distributed_refusal}"
+    if entry.pretrain != "none" and params.train.text_trains == "projection":
+        return "its textual pretraining trains the text projection alone (train.text_trains: projection), " \
+               "whose steps bypass DDP"
+    return None
+
+
+def torchrun_refusals(params: Params, name: str) -> dict[str, str]:
+    """Why run `name`, or a run of its init chain (trained first when needed), cannot train under torchrun: {run:
+    why}; empty when all can."""
+    entry = run_entry(params, name)
+    refusal = distributed_refusal(params, entry)
+    chain = torchrun_refusals(params, entry.init) if entry.init is not None else {}
+    return {**chain, **({name: refusal} if refusal else {})}
 
 
 def text_source(params: Params, entry: TrainRunParams) -> str:

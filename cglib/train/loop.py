@@ -79,7 +79,15 @@ from cglib.run import RunContext, provenance, seed_everything, seed_label, train
 from cglib.train.base import base_corpus, train_base
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
-from cglib.train.inputs import TrainInputs, inputs_for, load_inputs, model_image_size, run_entry, run_spec
+from cglib.train.inputs import (
+    TrainInputs,
+    inputs_for,
+    load_inputs,
+    model_image_size,
+    run_entry,
+    run_spec,
+    torchrun_refusals,
+)
 from cglib.train.objectives import build_objective
 from cglib.train.runlog import LOG_COLUMNS
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
@@ -177,10 +185,20 @@ def base_record(run_dir: str | Path, seed: int = 0) -> dict[str, Any] | None:
 
 
 def train_one(run: RunContext, name: str, *, inputs: TrainInputs | None = None, info: DistInfo | None = None,
-              on_step: Callable[[dict[str, Any]], None] | None = None, progress: bool = True) -> dict[str, Any]:
-    """Train the train.runs entry `name` (resuming its checkpoint when allowed); return its summary."""
+              on_step: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
+              read_only: bool = False) -> dict[str, Any]:
+    """Train the train.runs entry `name` (resuming its checkpoint when allowed); return its summary.
+
+    read_only: return the summary of the run as another process trained it (notebook 05's torchrun child), checked
+    against these params like a finished run; never train."""
     entry = run_entry(run.params, name)
     info = info or distributed.current(run.device())
+    if read_only:
+        done = _finished(Trainer(run, entry, inputs_for(run, entry, inputs, progress, info), info, None, progress))
+        if done is None:
+            raise RuntimeError(f"run {name!r} has no final weights for these params under {run.training_dir}; "
+                               "the training process did not finish it (see its output above)")
+        return done
     ensure_initial(run, info, progress)
     if entry.init is not None:
         start = run_entry(run.params, entry.init)
@@ -207,18 +225,29 @@ def _finished(trainer: Trainer) -> dict[str, Any] | None:
 
 
 def train_all(run: RunContext, names: list[str] | None = None, progress: bool = True,
-              info: DistInfo | None = None, seeds: list[int] | None = None) -> dict[str, dict[str, Any]]:
+              info: DistInfo | None = None, seeds: list[int] | None = None,
+              read_only: bool = False) -> dict[str, dict[str, Any]]:
     """Train every train.runs entry (or those named) under every training seed (train.seeds, or `seeds`), each
     from its seed's initial weights or from run `init`'s final weights (trained first when it is not yet);
-    summaries by `seed_label` (the name itself for seed 0)."""
+    summaries by `seed_label` (the name itself for seed 0). read_only: read what another process trained
+    (train_one)."""
     names = names or [r.name for r in run.params.train.runs]
     for name in names:
         run_entry(run.params, name)  # fail before any work on a typo
     info = info or distributed.current(run.device())
+    seeds = seeds if seeds is not None else run.params.train.seeds
+    if info.distributed:  # before any work: a run, or an init it would train first, that cannot run under torchrun
+        refused = {n: r for name in names for n, r in torchrun_refusals(run.params, name).items()
+                   if n in names or not all((run.for_training_seed(k).training_dir / n / FINAL).is_file()
+                                            for k in seeds)}
+        if refused:
+            raise ValueError("these runs cannot run under torchrun: " + "; ".join(f"{n} ({r})" for n, r in
+                             refused.items()) + ". Train them in one process (python -m cglib.train PARAMS --runs "
+                             "NAME, or train.processes: 1), or leave them out with --runs")
     inputs = load_inputs(run, progress=progress, info=info)  # the data is the same under every training seed
     by_groups = {"magic": inputs}  # runs with groups: ngram get theirs once, on first use
     out = {}
-    for k in seeds if seeds is not None else run.params.train.seeds:
+    for k in seeds:
         seeded = run.for_training_seed(k)
         ensure_initial(seeded, info, progress)
         for name in names:
@@ -226,7 +255,7 @@ def train_all(run: RunContext, names: list[str] | None = None, progress: bool = 
             if groups not in by_groups:
                 by_groups[groups] = load_inputs(run, progress=progress, info=info, groups=groups)
             out[seed_label(name, k)] = train_one(seeded, name, inputs=by_groups[groups], info=info,
-                                                 progress=progress)
+                                                 progress=progress, read_only=read_only)
     return out
 
 

@@ -28,7 +28,7 @@ from cglib.train import phases
 from cglib.train.callbacks import Callback, Checkpoints, EpochHook
 from cglib.train.checkpoint import Progress, RunFiles
 from cglib.train.faults import checkpoint_on_signals, defer_interrupts, resolved_precision
-from cglib.train.inputs import TrainInputs, run_spec
+from cglib.train.inputs import TrainInputs, distributed_refusal, run_spec
 from cglib.train.objectives import Objective, build_objective
 from cglib.train.optim import amp_dtype
 from cglib.train.phases import Phase
@@ -59,9 +59,6 @@ class Trainer:
         self.hash, self.out = self.files.hash, self.files.out
         # the objective's run-long state (a head, a memory) lives in it; the loop only calls its hooks
         self.objective: Objective = build_objective(run.params, entry, self.spec["run"]).to(self.device)
-        if info.distributed and self.objective.distributed_refusal:
-            raise ValueError(f"run {entry.name!r} (loss: {entry.loss}) cannot run under torchrun: "
-                             f"{self.objective.distributed_refusal}; run it without torchrun")
         first = self.objective.phase if self.objective.phase != "train" else \
             "pretrain" if entry.pretrain != "none" else "train"
         self.state = Progress(phase=first)
@@ -97,6 +94,11 @@ class Trainer:
     # ------------------------------------------------------------------------------------ main
     def __call__(self) -> dict[str, Any]:
         """Train (or resume) the run; return its summary (written by summary.finish)."""
+        # checked here, not when the trainer is built: a finished run is read (as another run's init) under torchrun
+        refusal = distributed_refusal(self.params, self.entry) if self.info.distributed else None
+        if refusal:
+            raise ValueError(f"run {self.entry.name!r} cannot run under torchrun ({refusal}); run it without "
+                             "torchrun (train.processes: 1 trains it in one process)")
         seed_everything(self.run.train_seed)  # the training seed: init of anything built here
         ckpt = self.files.load_checkpoint()
         if self.info.is_main and not (self.out / "summary.json").is_file():
