@@ -62,7 +62,8 @@ def finished_run(tmp_path_factory) -> Path:
 
 
 def _expected_stems() -> list[str]:
-    stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "umap", "dual_effect")]
+    stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "accuracy_absolute",
+                                "gallery", "gallery_absolute", "umap", "dual_effect")]
     for model in MODELS:
         stems += [STEMS["attention_grid"].format(model=model), STEMS["attention_heads"].format(model=model)]
     return stems
@@ -130,15 +131,20 @@ def test_empty_run_dir_is_a_clear_error(tmp_path):
 
 
 def test_a_broken_input_fails_its_figure_only(tmp_path):
-    """A metrics.csv without rows fails the accuracy figure; the other figures are still written, then
-    FigureFailures names the failed one."""
+    """Evaluation files without rows fail the four evaluation figures; the other figures are still written, then
+    FigureFailures names the failed ones."""
     run = _run_with_data(tmp_path)
-    (run.stage("evaluation") / "metrics.csv").write_text("model,benchmark,labels,direction,metric,level,value\n")
+    evaluation = run.stage("evaluation")
+    (evaluation / "metrics.csv").write_text("model,benchmark,labels,direction,metric,level,value,exposure\n")
+    (evaluation / "differences.csv").write_text("model_a,model_b,benchmark,labels,direction,metric,level\n")
+    (evaluation / "table3.csv").write_text("model\n")
+    (evaluation / "results.json").write_text("{}")
     with pytest.raises(FigureFailures, match=STEMS["accuracy"]):
         regenerate_figures(run.dir, formats=["png"], progress=False)
     assert (run.dir / "figures" / f"{STEMS['image_grid']}.png").is_file()
     manifest = json.loads((run.dir / "figures" / MANIFEST).read_text())
-    assert set(manifest["failed"]) == {STEMS["accuracy"]}
+    assert set(manifest["failed"]) == {STEMS[k] for k in ("accuracy", "accuracy_absolute", "gallery",
+                                                          "gallery_absolute")}
     # the CLI turns it into exit code 1 naming the figure, and 2 for a folder that is not a run
     from cglib.cli import main as cli_main
 

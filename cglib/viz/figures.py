@@ -26,6 +26,7 @@ from cglib.data.image_cache import build_image_cache
 from cglib.data.taxonomy import load_taxonomy
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
 from cglib.evaluate.loading import model_fingerprints
+from cglib.evaluate.results import EvalResults, load_results
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.models import ClipModel
 from cglib.run import RunContext, provenance, seed_label, write_json
@@ -37,6 +38,7 @@ from cglib.viz.attention import (
     plot_attention_heads,
     vision_transformer,
 )
+from cglib.viz.compare import model_families, plot_difference_from_reference
 from cglib.viz.data_figures import caption_length_figure, image_grid
 from cglib.viz.data_figures import taxonomy_figure as draw_taxonomy
 from cglib.viz.eval_figures import plot_accuracy_by_level
@@ -273,12 +275,30 @@ def attention_heads_figure(vr: VizRun, model: str) -> Figure:
                                 title=f"{model}: class-token attention of {ids[0]} per layer and head")
 
 
-def accuracy_figure(vr: VizRun) -> Figure:
-    """Fig. 4: retrieval accuracy by abstraction level, from `evaluation/metrics.csv`."""
-    metrics = pd.read_csv(_require(vr.dir / "evaluation" / "metrics.csv", "06_evaluation"))
-    seeds_path = vr.dir / "evaluation" / "seeds.csv"  # absent in evaluations written before train.seeds
-    seeds = pd.read_csv(seeds_path, dtype={"level": str, "training_seed": str}) if seeds_path.is_file() else None
-    return plot_accuracy_by_level(metrics, seeds=seeds)
+def _evaluation(vr: VizRun) -> EvalResults:
+    """The run's saved evaluation (results.json, metrics, differences, seeds)."""
+    _require(vr.dir / "evaluation" / "results.json", "06_evaluation")
+    return load_results(vr.dir)
+
+
+def accuracy_figure(vr: VizRun, benchmark: str = "forced_choice", metric: str = "accuracy") -> Figure:
+    """Fig. 4: each model minus the zero-shot model per label source and level (paired CIs, Holm), from
+    `evaluation/differences.csv`."""
+    results = _evaluation(vr)
+    return plot_difference_from_reference(results.differences, benchmark=benchmark, metric=metric,
+                                          families=model_families(results.info["models"]),
+                                          exposed=_exposed(results.info["models"]), ci=results.info["settings"]["ci"])
+
+
+def absolute_accuracy_figure(vr: VizRun, benchmark: str = "forced_choice", metric: str = "accuracy") -> Figure:
+    """Fig. 4's absolute values by level, one panel per model, from `evaluation/metrics.csv`."""
+    results = _evaluation(vr)
+    return plot_accuracy_by_level(results.metrics, benchmark=benchmark, metric=metric, seeds=results.seeds,
+                                  families=model_families(results.info["models"]))
+
+
+def _exposed(models: Sequence[dict]) -> list[str]:
+    return [m["name"] for m in models if m.get("exposed_to_eval_strings")]
 
 
 def loss_curves_figure(vr: VizRun) -> Figure:
@@ -337,6 +357,8 @@ def search_importances_figure(vr: VizRun) -> Figure:
 # File stems follow the notebooks' `NN_name` convention, so a regeneration overwrites the notebooks' own files.
 STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid", "taxonomy": "01_taxonomy",
          "loss_curves": "05_loss_curves", "accuracy": "06_fig4_accuracy_by_level",
+         "accuracy_absolute": "06_fig4_absolute_by_level", "gallery": "06_gallery_r1_by_level",
+         "gallery_absolute": "06_gallery_r1_absolute",
          "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
          "attention_grid": "07_attention_grid_{model}", "attention_heads": "07_attention_heads_{model}",
          "search_history": "search_history", "search_importances": "search_importances"}  # 08's own names
@@ -350,6 +372,9 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["taxonomy"], lambda: taxonomy_figure(vr)),
         (STEMS["loss_curves"], lambda: loss_curves_figure(vr)),
         (STEMS["accuracy"], lambda: accuracy_figure(vr)),
+        (STEMS["accuracy_absolute"], lambda: absolute_accuracy_figure(vr)),
+        (STEMS["gallery"], lambda: accuracy_figure(vr, "gallery", "R@1")),
+        (STEMS["gallery_absolute"], lambda: absolute_accuracy_figure(vr, "gallery", "R@1")),
         (STEMS["umap"], lambda: umap_figure(vr)),
         (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
         (STEMS["search_history"], lambda: search_history_figure(vr)),
