@@ -3,9 +3,11 @@ then one page per executed notebook (nbconvert), for readers who do not run Jupy
 
 Pages are self-contained: figures in notebook outputs (and the explorers' static renderings) are inline data
 URIs; the index's figures are copied beside it (`figures/`) and linked relatively, so the report folder can be
-zipped and shared. Widget state is dropped (it would be a disconnected snapshot), and so is require.js (only
-widgets need it). Missing pieces, e.g. a run stopped after notebook 03, are listed on the index with the
-reason; only a page that fails to convert is an error.
+zipped and shared, and read offline: MathJax 2.7 comes from the jupyter-server-mathjax package (PyPI), copied
+into `mathjax/` beside the pages, never from a CDN. Widget state is dropped (it would be a disconnected
+snapshot), and so are require.js (only widgets need it) and nbconvert's mermaid loader (no notebook draws a
+diagram; `templates/report_page.html.j2`). Missing pieces, e.g. a run stopped after notebook 03, are listed on
+the index with the reason; only a page that fails to convert is an error.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ INDEX = "index.html"
 FIG4_STEM = "06_fig4_accuracy_by_level"  # cglib.viz.figures.STEMS["accuracy"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PAGE_TEMPLATE = Path(__file__).parent / "templates" / "report_page.html.j2"  # lab, less its CDN scripts
+MATHJAX_DIR = "mathjax"
+# nbconvert's own CDN default is 2.7.7 with TeX-AMS_CHTML-full; the packaged 2.7 tree ships this combined config
+MATHJAX_URL = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
@@ -74,6 +80,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     manifest = _read_json(run_dir / "run.json") or {}
 
     entries = _notebook_entries(run_dir, manifest)
+    bundle_mathjax(report.out_dir)
     bodies = {}
     for name, path, _ in entries:
         if path is None:
@@ -124,16 +131,31 @@ def clean_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def notebook_html(path: Path) -> str:
-    """One executed notebook as a standalone HTML page (nbconvert's lab template, images inline)."""
+def bundle_mathjax(out_dir: Path) -> Path:
+    """Copy MathJax (from the jupyter-server-mathjax package) to `out_dir/mathjax/`, so equations typeset offline;
+    the localization folder (menus in other languages, 2 MB) is left out."""
+    import jupyter_server_mathjax
+
+    source = Path(jupyter_server_mathjax.__file__).parent / "static"
+    if not (source / "MathJax.js").is_file():
+        raise FileNotFoundError(f"{source / 'MathJax.js'} not found: reinstall it with "
+                                "`pip install --force-reinstall jupyter-server-mathjax`")
+    target = out_dir / MATHJAX_DIR
+    shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("localization", "*.py"))
+    return target
+
+
+def notebook_html(path: Path, mathjax_url: str = MATHJAX_URL) -> str:
+    """One executed notebook as a standalone HTML page (nbconvert's lab template, images inline); math typeset by
+    the MathJax at `mathjax_url` (relative: the copy `bundle_mathjax` puts beside the pages)."""
     from nbconvert import HTMLExporter
 
     nb = clean_notebook(nbformat.read(path, as_version=4))
-    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    exporter = HTMLExporter(template_name="lab", template_file=str(PAGE_TEMPLATE), embed_images=True,
+                            mathjax_url=mathjax_url)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(path.parent),
                                                                       "name": path.stem}})
-    # require.js serves widgets and JS outputs only; without it the page needs no script to show its outputs
-    return body.replace(f'<script src="{exporter.require_js_url}"></script>', "")
+    return body
 
 
 def with_nav(body: str, links: list[tuple[str, str]]) -> str:

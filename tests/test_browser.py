@@ -111,7 +111,7 @@ def driver(tmp_path_factory):
     for arg in ("--headless=new", "--window-size=1400,1000", "--disable-dev-shm-usage", "--disable-gpu",
                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", *(["--no-sandbox"] if AS_ROOT else [])):
         options.add_argument(arg)
-    options.page_load_strategy = "eager"  # report pages name MathJax on a CDN; images are polled below
+    options.page_load_strategy = "eager"  # images and MathJax are polled below, each with its own message
     browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     browser.set_script_timeout(30)
     yield browser
@@ -310,3 +310,25 @@ def test_report_pages_load_every_image(driver, small_run, tmp_path):
         if page.name == "index.html":
             linked = {a.get_attribute("href") for a in driver.find_elements(By.TAG_NAME, "a")}
             assert {p.as_uri() for p in pages if p.name != "index.html"} <= linked
+
+
+MATH_STATE = """
+const typeset = document.querySelectorAll(".MathJax_Display, .MathJax, .MathJax_CHTML").length;
+const requests = performance.getEntriesByType("resource").map(e => e.name);
+return {typeset: typeset, queued: window.MathJax && MathJax.Hub ? MathJax.Hub.queue.pending : -1,
+        raw: document.body.innerText.includes("$$"), outside: requests.filter(u => !u.startsWith("file:"))};
+"""
+
+
+def test_report_math_typesets_offline_from_the_folder(driver, tmp_path):
+    """Notebook 04's page, opened from disk: MathJax (bundled in the report folder) typesets its equations, no raw
+    `$$` is left, and the page requested nothing outside the folder."""
+    from test_report import math_run
+
+    from cglib.report import build_report
+
+    report = build_report(math_run(tmp_path / "run"), tmp_path / "report")
+    driver.get(report.pages[0].as_uri())
+    state = _wait(lambda: (s := driver.execute_script(MATH_STATE)) and s["typeset"] > 0 and s["queued"] == 0
+                  and not s["raw"] and s, 60, "MathJax to typeset notebook 04's equations")
+    assert state["typeset"] >= 8 and state["outside"] == [], state
