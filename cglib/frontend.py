@@ -136,9 +136,7 @@ def ensure_lab_settings(settings_dir: str | Path | None = None) -> Path:
     `<settings_dir>/overrides.d/cglib.json` (default: this environment's JupyterLab app settings folder; a user's
     own settings still win). `make install` calls it; returns the file written."""
     if settings_dir is None:
-        from jupyterlab.commands import (
-            get_app_dir,  # lazy: jupyterlab (~0.3 s); cglib --help imports this module
-        )
+        from jupyterlab.commands import get_app_dir  # lazy: jupyterlab takes ~0.3 s to import
 
         settings_dir = Path(get_app_dir()) / "settings"
     path = Path(settings_dir) / "overrides.d" / LAB_OVERRIDES_FILE

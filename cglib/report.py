@@ -22,6 +22,8 @@ import nbformat
 import pandas as pd
 import yaml
 
+from cglib.config.evaluation import EvalParams
+from cglib.evaluate.floor import base_origin, chance_floor
 from cglib.magic import load_magic, table1
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
@@ -41,6 +43,7 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertic
 th { background: #f3f3f3; }
 img.figure { max-width: 100%; border: 1px solid #eee; }
 .missing { color: #a33; }
+.floor { border-left: 4px solid #D55E00; background: #fff4ec; padding: 0.2em 1em; margin: 1em 0; }
 .gallery img { max-width: 48%; margin: 0.5%; border: 1px solid #eee; vertical-align: top; }
 """
 NAV_STYLE = """
@@ -93,7 +96,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
         report.pages.append(report.out_dir / page_name(name))
         report.pages[-1].write_text(with_nav(body, nav_links(name, list(bodies))), encoding="utf-8")
 
-    sections = [_table3_section(run_dir, report), _table1_section(run_dir, report),
+    sections = [_floor_section(run_dir), _table3_section(run_dir, report), _table1_section(run_dir, report),
                 _fig4_section(run_dir, report), _notebooks_section(entries, report),
                 _figures_section(run_dir, report), _missing_section(report)]
     title = f"Run {_run_name(run_dir)}"
@@ -134,7 +137,7 @@ def clean_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def bundle_mathjax(out_dir: Path) -> Path:
     """Copy MathJax (from the jupyter-server-mathjax package) to `out_dir/mathjax/`, so equations typeset offline;
     the localization folder (menus in other languages, 2 MB) is left out."""
-    import jupyter_server_mathjax
+    import jupyter_server_mathjax  # lazy: only a report needs MathJax's files
 
     source = Path(jupyter_server_mathjax.__file__).parent / "static"
     if not (source / "MathJax.js").is_file():
@@ -194,6 +197,21 @@ def _notebook_entries(run_dir: Path, manifest: dict) -> list[tuple[str, Path | N
 
 
 # ----------------------------------------------------------------------------------------------- index
+def _floor_section(run_dir: Path) -> str:
+    """The usability floor's warning, before Table 3, when the zero-shot base is near chance (else nothing)."""
+    path = run_dir / "evaluation" / "metrics.csv"
+    if not path.is_file():
+        return ""
+    raw = yaml.safe_load((run_dir / "params.yaml").read_text(encoding="utf-8")) or {}
+    margin = (raw.get("eval") or {}).get("chance_margin", EvalParams.model_fields["chance_margin"].default)
+    floor = chance_floor(pd.read_csv(path, dtype={"level": str}), float(margin))
+    if floor is None or not floor.near_chance:
+        return ""
+    import mistune  # lazy: mistune only renders the index's markdown
+
+    return '<div class="floor">' + mistune.html(floor.message(base_origin(run_dir))) + "</div>"
+
+
 def _table3_section(run_dir: Path, report: Report) -> str:
     directory = run_dir / "evaluation"
     if (directory / "table3.md").is_file():
