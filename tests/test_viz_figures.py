@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -63,9 +64,9 @@ def finished_run(tmp_path_factory) -> Path:
 
 def _expected_stems() -> list[str]:
     stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "accuracy_absolute",
-                                "gallery", "gallery_absolute", "umap", "dual_effect")]
+                                "gallery", "gallery_absolute", "umap", "dual_effect", "attention_models")]
     for model in MODELS:
-        stems += [STEMS["attention_grid"].format(model=model), STEMS["attention_heads"].format(model=model)]
+        stems += [STEMS["attention_heads"].format(model=model)]
     return stems
 
 
@@ -122,6 +123,29 @@ def test_partial_run_skips_figures_with_reasons(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{len(expected_skips)} skipped (missing inputs)" in out
     assert regenerate_figures(run.dir, formats=["png"], progress=False)  # same run through the CLI's entry point
+
+
+def test_compared_models_default_to_base_clip_and_best_group_objective():
+    """The demo's runs: zero-shot, clip (not hierarcaps_ft, which starts elsewhere) and the group objective with the
+    best mean forced-choice accuracy at l1..l4 (the first group run before evaluation); viz.models overrides, an
+    unknown name is a params error naming the choices."""
+    from cglib.config import ParamsError, load_params
+    from cglib.viz.figures import compared_models
+
+    demo = Path(__file__).parents[1] / "params" / "demo.yaml"
+    params = load_params(demo, check_paths=False)
+    names = ["zero-shot", *(r.name for r in params.train.runs)]
+    assert compared_models(params, names) == ["zero-shot", "clip", "pairwise"]
+    metrics = pd.DataFrame([{"model": m, "benchmark": "forced_choice", "labels": "dag", "direction": "t2i",
+                             "metric": "accuracy", "level": lv, "value": 0.9 if m == "centroid_pretrain" else 0.6}
+                            for m in names for lv in ("l1", "l2", "caption")])
+    metrics.loc[(metrics["model"] == "pairwise") & (metrics["level"] == "caption"), "value"] = 1.0  # not a level
+    assert compared_models(params, names, metrics) == ["zero-shot", "clip", "centroid_pretrain"]
+    assert compared_models(params, ["zero-shot", "pairwise"], metrics) == ["zero-shot", "pairwise"]
+    chosen = load_params(demo, check_paths=False, overrides={"viz": {"models": ["centroid", "zero-shot"]}})
+    assert compared_models(chosen, names) == ["centroid", "zero-shot"]
+    with pytest.raises(ParamsError, match=r"viz.models names \['cnetroid'\].*pick from"):
+        load_params(demo, check_paths=False, overrides={"viz": {"models": ["cnetroid"]}})
 
 
 def test_empty_run_dir_is_a_clear_error(tmp_path):

@@ -131,6 +131,10 @@ class VizParams(Section):
     label_max: int = Field(40, ge=0, description="Most l1 names written per UMAP panel (names that would overprint "
                            "another are left out).")
     explorer_top_k: int = Field(5, ge=1, le=50, description="Images per model shown by the concept explorer.")
+    models: list[str] | None = Field(
+        None, description="Models the UMAP and attention comparisons show side by side (names: zero-shot or train.runs "
+        "entries); null = the zero-shot model, the CLIP-loss model and the group-objective model with the best mean "
+        "forced-choice accuracy (the first group objective before evaluation).")
     numba_cache_dir: Path | None = Field(None, description="numba compile cache for UMAP; null = $NUMBA_CACHE_DIR "
                                          "or ~/.cache/cglib/numba.")
 

@@ -32,10 +32,12 @@ from cglib.models import ClipModel
 from cglib.run import RunContext, provenance, seed_label, write_json
 from cglib.search.study import SUMMARY, open_study, workspace
 from cglib.train import ZERO_SHOT, load_trained
+from cglib.train.objectives import objective_for
 from cglib.viz.attention import (
     choose_attention_images,
     plot_attention_grid,
     plot_attention_heads,
+    plot_attention_models,
     vision_transformer,
 )
 from cglib.viz.compare import model_families, plot_difference_from_reference
@@ -211,13 +213,20 @@ class VizRun:
         return GroupEmbeddings(model=name, images=emb.images, image_groups=[self.magic.images[i].node for i in ids],
                                texts=emb.text(needed), text_groups=groups, image_ids=ids)
 
+    def compared_models(self) -> list[str]:
+        """The models the UMAP and attention comparisons show (`compared_models`), among those with a checkpoint."""
+        path = self.dir / "evaluation" / "metrics.csv"
+        metrics = pd.read_csv(path, dtype={"level": str}) if path.is_file() else None
+        return compared_models(self.params, list(self.models()), metrics)
+
     @cached_property
     def umap_panels(self) -> list[UmapPanel]:
-        """UMAP panels of every model (same seed), image and text centroids."""
+        """UMAP panels of the compared models (same seed), image and text centroids."""
         configure_numba_cache(self.params.viz.numba_cache_dir)
         v = self.params.viz
-        return umap_panels(self.embeddings, seed=v.umap_seed, n_neighbors=v.umap_neighbors,
-                           trust_neighbors=v.trust_neighbors)
+        chosen = self.compared_models()
+        return umap_panels([e for e in self.embeddings if e.model in chosen], seed=v.umap_seed,
+                           n_neighbors=v.umap_neighbors, trust_neighbors=v.trust_neighbors)
 
     @cached_property
     def dual_effect(self) -> pd.DataFrame:
@@ -233,6 +242,25 @@ class VizRun:
         """Save a figure under `figures/` in `viz.formats` at `viz.dpi`."""
         return save_figure(fig, self.dir / "figures", stem, formats=formats or self.params.viz.formats,
                            dpi=self.params.viz.dpi)
+
+
+def compared_models(params: Params, available: Sequence[str], metrics: pd.DataFrame | None = None) -> list[str]:
+    """`viz.models`, or the zero-shot model, the first CLIP-loss run (no init, no pretraining) and the group-objective
+    run with the best mean forced-choice accuracy in `metrics` (text->image, DAG, l1..lL; without metrics the first
+    group run); only names in `available`."""
+    if params.viz.models:
+        return [m for m in params.viz.models if m in available]
+    runs = [r for r in params.train.runs if r.name in available]
+    family = {r.name: objective_for(r).family for r in runs}
+    clip = [r.name for r in runs if family[r.name] == "clip" and r.init is None and r.pretrain == "none"]
+    group = [r.name for r in runs if family[r.name] == "group"]
+    if metrics is not None and group:
+        m = metrics
+        rows = m[(m["benchmark"] == "forced_choice") & (m["labels"] == "dag") & (m["direction"] == "t2i")
+                 & (m["metric"] == "accuracy") & m["level"].astype(str).str.fullmatch(r"l\d+") & m["model"].isin(group)]
+        means = rows.groupby("model")["value"].mean()
+        group = sorted(group, key=lambda n: -means.get(n, -1.0))  # stable: ties and unscored keep train.runs order
+    return [m for m in (ZERO_SHOT, *clip[:1], *group[:1]) if m in available]
 
 
 def _device(params: Params) -> str:
@@ -264,6 +292,19 @@ def attention_grid_figure(vr: VizRun, model: str) -> Figure:
         raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
     return plot_attention_grid(bundle, vr.pixels_of(ids), [vr.magic.chain_names(i) for i in ids], ids,
                                title=f"{model}: attention rollout and text-conditioned maps")
+
+
+def attention_models_figure(vr: VizRun, level: int = 1) -> Figure:
+    """The compared models side by side on the same test images: where each finds the images' l`level` concept."""
+    chosen = vr.compared_models()
+    models = vr.models()
+    for name in chosen:
+        vision_transformer(models[name])  # a clear error for non-ViT towers before any work
+    ids = vr.attention_image_ids()
+    if not ids:
+        raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
+    return plot_attention_models({name: models[name] for name in chosen}, vr.pixels_of(ids),
+                                 [vr.magic.chain_names(i) for i in ids], ids, level=level)
 
 
 def attention_heads_figure(vr: VizRun, model: str) -> Figure:
@@ -360,7 +401,7 @@ STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid",
          "accuracy_absolute": "06_fig4_absolute_by_level", "gallery": "06_gallery_r1_by_level",
          "gallery_absolute": "06_gallery_r1_absolute",
          "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
-         "attention_grid": "07_attention_grid_{model}", "attention_heads": "07_attention_heads_{model}",
+         "attention_models": "07_attention_models", "attention_heads": "07_attention_heads_{model}",
          "search_history": "search_history", "search_importances": "search_importances"}  # 08's own names
 
 
@@ -377,12 +418,11 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["gallery_absolute"], lambda: absolute_accuracy_figure(vr, "gallery", "R@1")),
         (STEMS["umap"], lambda: umap_figure(vr)),
         (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
+        (STEMS["attention_models"], lambda: attention_models_figure(vr)),
         (STEMS["search_history"], lambda: search_history_figure(vr)),
         (STEMS["search_importances"], lambda: search_importances_figure(vr)),
     ]
     for name in vr.model_names:
-        jobs.append((STEMS["attention_grid"].format(model=name),
-                     lambda name=name: _for_model(vr, name, attention_grid_figure)))
         jobs.append((STEMS["attention_heads"].format(model=name),
                      lambda name=name: _for_model(vr, name, attention_heads_figure)))
     return jobs
