@@ -64,7 +64,7 @@ def finished_run(tmp_path_factory) -> Path:
 
 def _expected_stems() -> list[str]:
     stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "accuracy_absolute",
-                                "gallery", "gallery_absolute", "umap", "dual_effect", "attention_models")]
+                                "gallery", "gallery_absolute", "gains", "umap", "dual_effect", "attention_models")]
     for model in MODELS:
         stems += [STEMS["attention_heads"].format(model=model)]
     return stems
@@ -155,7 +155,7 @@ def test_empty_run_dir_is_a_clear_error(tmp_path):
 
 
 def test_a_broken_input_fails_its_figure_only(tmp_path):
-    """Evaluation files without rows fail the four evaluation figures; the other figures are still written, then
+    """Evaluation files without rows fail the five evaluation figures; the other figures are still written, then
     FigureFailures names the failed ones."""
     run = _run_with_data(tmp_path)
     evaluation = run.stage("evaluation")
@@ -168,7 +168,7 @@ def test_a_broken_input_fails_its_figure_only(tmp_path):
     assert (run.dir / "figures" / f"{STEMS['image_grid']}.png").is_file()
     manifest = json.loads((run.dir / "figures" / MANIFEST).read_text())
     assert set(manifest["failed"]) == {STEMS[k] for k in ("accuracy", "accuracy_absolute", "gallery",
-                                                          "gallery_absolute")}
+                                                          "gallery_absolute", "gains")}
     # the CLI turns it into exit code 1 naming the figure, and 2 for a folder that is not a run
     from cglib.cli import main as cli_main
 

@@ -10,6 +10,7 @@ difference from the base says what training changed, and the absolute accuracies
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Collection, Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -162,5 +163,44 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
     legend_below(fig, handles, ncol=min(5, len(handles)))
     fig.suptitle(f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}: each model minus {reference} "
                  f"(paired {100 * ci:.0f}% CI)", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def plot_gains(gains: pd.DataFrame, questions: Mapping[str, str] | None = None,
+               panel_size: tuple[float, float] = (3.1, 0.32)) -> Figure:
+    """The paper's gain rows as a figure: one panel per gain (at most 4 a row, titled by its question when given),
+    one dot and paired CI per Table 3 column (points), filled where Holm's correction over the gain cells keeps it,
+    zero drawn; columns top to bottom in Table 3's order."""
+    gains = gains[np.isfinite(gains["difference"].astype(float))]
+    if gains.empty:
+        raise ValueError("no gain row to draw: the run lacks the models on one side of every gain (see the notes)")
+    order = list(dict.fromkeys(gains["gain"]))
+    columns = list(dict.fromkeys(gains["column"]))
+    nrows, ncols = _grid(len(order))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols + 1.4,
+                                                    nrows * (panel_size[1] * len(columns) + 1.2)),
+                             sharex=True, sharey=True, squeeze=False)
+    y = {c: len(columns) - 1 - i for i, c in enumerate(columns)}
+    for ax, gain in zip(axes.flat, order):
+        ax.axvline(0.0, color="0.25", linewidth=1.0, zorder=1)
+        for _, r in gains[gains["gain"] == gain].iterrows():
+            ax.hlines(y[r["column"]], r["ci_low"], r["ci_high"], color="0.3", linewidth=2.0, zorder=2)
+            ax.plot(r["difference"], y[r["column"]], marker="o", markersize=7, color="0.1", zorder=3,
+                    markerfacecolor="0.1" if r["significant"] else "white", markeredgewidth=1.5)
+        ax.set_title(textwrap.fill((questions or {}).get(gain, gain), 30), fontsize=10)
+        ax.set_xlabel("gain (points)")
+        ax.grid(axis="y", color="0.92")
+    for ax in axes.flat[len(order):]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_yticks(range(len(columns)), list(reversed(columns)))
+    n = int(np.isfinite(gains["p_value"].astype(float)).sum()) if "p_value" in gains else len(gains)
+    legend_below(fig, [Line2D([], [], color="0.1", marker="o", linestyle="", label=f"significant (Holm over {n} "
+                              "cells)"),
+                       Line2D([], [], color="0.1", marker="o", linestyle="", markerfacecolor="white",
+                              label="not significant")], ncol=2)
+    fig.suptitle("What changed what: the gain rows under Table 3 (mean of one set of models minus another's, "
+                 "paired 95% CI)", fontsize=12)
     fig.tight_layout()
     return fig

@@ -26,6 +26,7 @@ from cglib.data.image_cache import build_image_cache
 from cglib.data.taxonomy import load_taxonomy
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
 from cglib.evaluate.loading import model_fingerprints
+from cglib.evaluate.questions import QUESTIONS
 from cglib.evaluate.results import EvalResults, load_results
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.models import ClipModel
@@ -40,7 +41,7 @@ from cglib.viz.attention import (
     plot_attention_models,
     vision_transformer,
 )
-from cglib.viz.compare import model_families, plot_difference_from_reference
+from cglib.viz.compare import model_families, plot_difference_from_reference, plot_gains
 from cglib.viz.data_figures import caption_length_figure, image_grid
 from cglib.viz.data_figures import taxonomy_figure as draw_taxonomy
 from cglib.viz.eval_figures import plot_accuracy_by_level
@@ -338,6 +339,14 @@ def absolute_accuracy_figure(vr: VizRun, benchmark: str = "forced_choice", metri
                                   families=model_families(results.info["models"]))
 
 
+def gains_figure(vr: VizRun) -> Figure:
+    """Notebook 06's questions: the gain rows under Table 3, one panel per gain, from `evaluation/gains.csv`."""
+    gains = _evaluation(vr).gains
+    if not np.isfinite(gains["difference"].astype(float)).any():
+        raise MissingInput("no gain row: the run lacks the models on one side of every gain (table3.md's notes)")
+    return plot_gains(gains, QUESTIONS)
+
+
 def _exposed(models: Sequence[dict]) -> list[str]:
     return [m["name"] for m in models if m.get("exposed_to_eval_strings")]
 
@@ -399,7 +408,7 @@ def search_importances_figure(vr: VizRun) -> Figure:
 STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid", "taxonomy": "01_taxonomy",
          "loss_curves": "05_loss_curves", "accuracy": "06_fig4_accuracy_by_level",
          "accuracy_absolute": "06_fig4_absolute_by_level", "gallery": "06_gallery_r1_by_level",
-         "gallery_absolute": "06_gallery_r1_absolute",
+         "gallery_absolute": "06_gallery_r1_absolute", "gains": "06_gains",
          "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
          "attention_models": "07_attention_models", "attention_heads": "07_attention_heads_{model}",
          "search_history": "search_history", "search_importances": "search_importances"}  # 08's own names
@@ -416,6 +425,7 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["accuracy_absolute"], lambda: absolute_accuracy_figure(vr)),
         (STEMS["gallery"], lambda: accuracy_figure(vr, "gallery", "R@1")),
         (STEMS["gallery_absolute"], lambda: absolute_accuracy_figure(vr, "gallery", "R@1")),
+        (STEMS["gains"], lambda: gains_figure(vr)),
         (STEMS["umap"], lambda: umap_figure(vr)),
         (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
         (STEMS["attention_models"], lambda: attention_models_figure(vr)),
