@@ -64,7 +64,8 @@ def finished_run(tmp_path_factory) -> Path:
 
 def _expected_stems() -> list[str]:
     stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "accuracy_absolute",
-                                "gallery", "gallery_absolute", "gains", "umap", "dual_effect", "attention_models")]
+                                "gallery", "gallery_absolute", "gains", "umap", "dual_effect", "attention_models",
+                                "geometry_within", "geometry_margin")]
     for model in MODELS:
         stems += [STEMS["attention_heads"].format(model=model)]
     return stems

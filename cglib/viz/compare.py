@@ -113,7 +113,7 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
                                    labels: Sequence[str] | None = None, levels: Sequence[str] | None = None,
                                    families: Mapping[str, str] | None = None, exposed: Collection[str] = (),
                                    reference: str = "zero-shot", ci: float = 0.95,
-                                   panel_size: tuple[float, float] = (3.1, 0.3)) -> Figure:
+                                   panel_size: tuple[float, float] = (3.1, 0.3), title: str | None = None) -> Figure:
     """One panel per (label source, level), at most 4 a row: each model's paired difference from `reference` as a
     dot with its CI, models sorted by their mean difference (best on top, same order in every panel), a filled dot
     where the difference survives Holm's correction over all the figure's cells, an open one elsewhere, and 0 drawn.
@@ -161,8 +161,9 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
         Line2D([], [], color="0.3", marker="o", linestyle="", label=f"significant (Holm over {n} cells)"),
         Line2D([], [], color="0.3", marker="o", linestyle="", markerfacecolor="white", label="not significant")]
     legend_below(fig, handles, ncol=min(5, len(handles)))
-    fig.suptitle(f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}: each model minus {reference} "
-                 f"(paired {100 * ci:.0f}% CI)", fontsize=12)
+    title = title or (f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}: each "
+                      f"model minus {reference} (paired {100 * ci:.0f}% CI)")
+    fig.suptitle(textwrap.fill(title, 16 * ncols + 40), fontsize=12)  # a long title would widen the saved figure
     fig.tight_layout()
     return fig
 

@@ -25,6 +25,7 @@ from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.data.image_cache import build_image_cache
 from cglib.data.taxonomy import load_taxonomy
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
+from cglib.evaluate.geometry import geometry_differences, group_geometry
 from cglib.evaluate.loading import model_fingerprints
 from cglib.evaluate.questions import QUESTIONS
 from cglib.evaluate.results import EvalResults, load_results
@@ -52,6 +53,7 @@ from cglib.viz.training_figures import plot_loss_curves
 from cglib.viz.umap_centroids import (
     GroupEmbeddings,
     UmapPanel,
+    _ancestor_or_self,
     configure_numba_cache,
     dual_effect_table,
     embed_groups,
@@ -230,6 +232,23 @@ class VizRun:
                            n_neighbors=v.umap_neighbors, trust_neighbors=v.trust_neighbors)
 
     @cached_property
+    def geometry(self) -> pd.DataFrame:
+        """Every model minus the zero-shot model in within-group cosine and hard-negative margin of the test images,
+        per level, against the DAG and (synthetic world) the ground truth (`cglib.evaluate.geometry`)."""
+        truth = load_ground_truth(self.dir / "captions")
+        per_image = {}
+        for emb in self.embeddings:
+            for level in range(1, self.magic.l_max + 1):
+                groups = [_ancestor_or_self(self.magic, g, level) for g in emb.image_groups]
+                negatives = {g: self.magic.nodes[g].hard_negatives for g in set(groups)}
+                per_image[(emb.model, "dag", f"l{level}")] = group_geometry(emb.images, groups, negatives)
+                if truth and all(len(truth.get(i, ())) >= level for i in emb.image_ids):
+                    per_image[(emb.model, "ground_truth", f"l{level}")] = group_geometry(
+                        emb.images, [truth[i][level - 1] for i in emb.image_ids])
+        e = self.params.eval
+        return geometry_differences(per_image, resamples=e.bootstrap or 1000, ci=e.ci, seed=self.params.run.seed)
+
+    @cached_property
     def dual_effect(self) -> pd.DataFrame:
         """Within-group spread and between-centroid distance per model, modality and level."""
         return dual_effect_table(self.embeddings, self.magic)
@@ -293,6 +312,18 @@ def attention_grid_figure(vr: VizRun, model: str) -> Figure:
         raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
     return plot_attention_grid(bundle, vr.pixels_of(ids), [vr.magic.chain_names(i) for i in ids], ids,
                                title=f"{model}: attention rollout and text-conditioned maps")
+
+
+def geometry_figure(vr: VizRun, metric: str = "within") -> Figure:
+    """What the objectives did to the geometry: each model minus zero-shot in `metric` (within or margin) per level."""
+    table = vr.geometry  # first: a run without checkpoints skips this figure, whatever its evaluation holds
+    models = _evaluation(vr).info["models"] if (vr.dir / "evaluation" / "results.json").is_file() else []
+    what = {"within": "cosine of each test image to its own group's centroid",
+            "margin": "margin to the nearest hard-negative group's centroid (ground truth: nearest other group)"}
+    return plot_difference_from_reference(
+        table, benchmark="geometry", metric=metric, direction="image", families=model_families(models),
+        ci=vr.params.eval.ci, title=f"What the objectives did to the geometry: {what[metric]}, each model minus "
+        f"zero-shot (training seed {vr.training_seed}; paired {100 * vr.params.eval.ci:.0f}% CI over the images)")
 
 
 def attention_models_figure(vr: VizRun, level: int = 1) -> Figure:
@@ -410,7 +441,8 @@ STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid",
          "accuracy_absolute": "06_fig4_absolute_by_level", "gallery": "06_gallery_r1_by_level",
          "gallery_absolute": "06_gallery_r1_absolute", "gains": "06_gains",
          "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
-         "attention_models": "07_attention_models", "attention_heads": "07_attention_heads_{model}",
+         "attention_models": "07_attention_models", "geometry_within": "07_geometry_within",
+         "geometry_margin": "07_geometry_margin", "attention_heads": "07_attention_heads_{model}",
          "search_history": "search_history", "search_importances": "search_importances"}  # 08's own names
 
 
@@ -429,6 +461,8 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["umap"], lambda: umap_figure(vr)),
         (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
         (STEMS["attention_models"], lambda: attention_models_figure(vr)),
+        (STEMS["geometry_within"], lambda: geometry_figure(vr, "within")),
+        (STEMS["geometry_margin"], lambda: geometry_figure(vr, "margin")),
         (STEMS["search_history"], lambda: search_history_figure(vr)),
         (STEMS["search_importances"], lambda: search_importances_figure(vr)),
     ]
