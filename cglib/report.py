@@ -250,7 +250,7 @@ def _fig4_section(run_dir: Path, report: Report) -> str:
     if not path.is_file():
         report.missing["Fig. 4"] = f"{path} not found: the run has no evaluation figures (notebook 06)"
         return ""
-    return ("<h2>Fig. 4: retrieval accuracy by abstraction level</h2>"
+    return ("<h2>Fig. 4: each model minus the zero-shot model, by abstraction level</h2>"
             f'<img class="figure" src="{_copy_figure(path, report)}" alt="Fig. 4">')
 
 
