@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m ipykernel install --sys-prefix --name cglib --display-name "Python (cglib)"
+	$(PY) -c "from cglib.frontend import ensure_lab_settings; print('wrote', ensure_lab_settings())"
 	touch $(STAMP)
 
 install: $(STAMP)

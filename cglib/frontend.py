@@ -26,14 +26,21 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 HEADLESS_ENV = "CGLIB_HEADLESS"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 HEADLESS_MININTERVAL_S = 2.0  # text bars in saved notebooks: one update every 2 s keeps the file small
+# JupyterLab prefers a widget view to the static HTML beside it; a notebook saved without widget state reopens
+# with "Error displaying widget: model not found" in place of every explorer and bar. Saving the state fixes it
+# for everyone who opens the file (JupyterLab restores saved state whatever their own setting).
+LAB_OVERRIDES = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}}
+LAB_OVERRIDES_FILE = "cglib.json"
 
 
 def headless() -> bool:
@@ -122,3 +129,17 @@ def explorer_mimebundle(plain: str, static_html: str, widget: Any | None) -> dic
     if widget is not None:
         bundle.update({k: v for k, v in widget._repr_mimebundle_().items() if k != "text/plain"})
     return bundle
+
+
+def ensure_lab_settings(settings_dir: str | Path | None = None) -> Path:
+    """Make JupyterLab in this environment save widget state with notebooks (`LAB_OVERRIDES`), as a default in
+    `<settings_dir>/overrides.d/cglib.json` (default: this environment's JupyterLab app settings folder; a user's
+    own settings still win). `make install` calls it; returns the file written."""
+    if settings_dir is None:
+        from jupyterlab.commands import get_app_dir  # lazy: jupyterlab takes ~0.3 s to import
+
+        settings_dir = Path(get_app_dir()) / "settings"
+    path = Path(settings_dir) / "overrides.d" / LAB_OVERRIDES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(LAB_OVERRIDES, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -3,9 +3,11 @@ then one page per executed notebook (nbconvert), for readers who do not run Jupy
 
 Pages are self-contained: figures in notebook outputs (and the explorers' static renderings) are inline data
 URIs; the index's figures are copied beside it (`figures/`) and linked relatively, so the report folder can be
-zipped and shared. Widget state is dropped (it would be a disconnected snapshot), and so is require.js (only
-widgets need it). Missing pieces, e.g. a run stopped after notebook 03, are listed on the index with the
-reason; only a page that fails to convert is an error.
+zipped and shared, and read offline: MathJax 2.7 comes from the jupyter-server-mathjax package (PyPI), copied
+into `mathjax/` beside the pages, never from a CDN. Widget state is dropped (it would be a disconnected
+snapshot), and so are require.js (only widgets need it) and nbconvert's mermaid loader (no notebook draws a
+diagram; `templates/report_page.html.j2`). Missing pieces, e.g. a run stopped after notebook 03, are listed on
+the index with the reason; only a page that fails to convert is an error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import nbformat
 import pandas as pd
 import yaml
 
+from cglib.config.evaluation import EvalParams
+from cglib.evaluate.floor import base_origin, chance_floor
 from cglib.magic import load_magic, table1
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
@@ -27,6 +31,10 @@ INDEX = "index.html"
 FIG4_STEM = "06_fig4_accuracy_by_level"  # cglib.viz.figures.STEMS["accuracy"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PAGE_TEMPLATE = Path(__file__).parent / "templates" / "report_page.html.j2"  # lab, less its CDN scripts
+MATHJAX_DIR = "mathjax"
+# nbconvert's own CDN default is 2.7.7 with TeX-AMS_CHTML-full; the packaged 2.7 tree ships this combined config
+MATHJAX_URL = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
@@ -35,6 +43,7 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertic
 th { background: #f3f3f3; }
 img.figure { max-width: 100%; border: 1px solid #eee; }
 .missing { color: #a33; }
+.floor { border-left: 4px solid #D55E00; background: #fff4ec; padding: 0.2em 1em; margin: 1em 0; }
 .gallery img { max-width: 48%; margin: 0.5%; border: 1px solid #eee; vertical-align: top; }
 """
 NAV_STYLE = """
@@ -74,6 +83,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     manifest = _read_json(run_dir / "run.json") or {}
 
     entries = _notebook_entries(run_dir, manifest)
+    bundle_mathjax(report.out_dir)
     bodies = {}
     for name, path, _ in entries:
         if path is None:
@@ -86,7 +96,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
         report.pages.append(report.out_dir / page_name(name))
         report.pages[-1].write_text(with_nav(body, nav_links(name, list(bodies))), encoding="utf-8")
 
-    sections = [_table3_section(run_dir, report), _table1_section(run_dir, report),
+    sections = [_floor_section(run_dir), _table3_section(run_dir, report), _table1_section(run_dir, report),
                 _fig4_section(run_dir, report), _notebooks_section(entries, report),
                 _figures_section(run_dir, report), _missing_section(report)]
     title = f"Run {_run_name(run_dir)}"
@@ -124,16 +134,31 @@ def clean_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def notebook_html(path: Path) -> str:
-    """One executed notebook as a standalone HTML page (nbconvert's lab template, images inline)."""
+def bundle_mathjax(out_dir: Path) -> Path:
+    """Copy MathJax (from the jupyter-server-mathjax package) to `out_dir/mathjax/`, so equations typeset offline;
+    the localization folder (menus in other languages, 2 MB) is left out."""
+    import jupyter_server_mathjax  # lazy: only a report needs MathJax's files
+
+    source = Path(jupyter_server_mathjax.__file__).parent / "static"
+    if not (source / "MathJax.js").is_file():
+        raise FileNotFoundError(f"{source / 'MathJax.js'} not found: reinstall it with "
+                                "`pip install --force-reinstall jupyter-server-mathjax`")
+    target = out_dir / MATHJAX_DIR
+    shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("localization", "*.py"))
+    return target
+
+
+def notebook_html(path: Path, mathjax_url: str = MATHJAX_URL) -> str:
+    """One executed notebook as a standalone HTML page (nbconvert's lab template, images inline); math typeset by
+    the MathJax at `mathjax_url` (relative: the copy `bundle_mathjax` puts beside the pages)."""
     from nbconvert import HTMLExporter
 
     nb = clean_notebook(nbformat.read(path, as_version=4))
-    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    exporter = HTMLExporter(template_name="lab", template_file=str(PAGE_TEMPLATE), embed_images=True,
+                            mathjax_url=mathjax_url)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(path.parent),
                                                                       "name": path.stem}})
-    # require.js serves widgets and JS outputs only; without it the page needs no script to show its outputs
-    return body.replace(f'<script src="{exporter.require_js_url}"></script>', "")
+    return body
 
 
 def with_nav(body: str, links: list[tuple[str, str]]) -> str:
@@ -172,6 +197,21 @@ def _notebook_entries(run_dir: Path, manifest: dict) -> list[tuple[str, Path | N
 
 
 # ----------------------------------------------------------------------------------------------- index
+def _floor_section(run_dir: Path) -> str:
+    """The usability floor's warning, before Table 3, when the zero-shot base is near chance (else nothing)."""
+    path = run_dir / "evaluation" / "metrics.csv"
+    if not path.is_file():
+        return ""
+    raw = yaml.safe_load((run_dir / "params.yaml").read_text(encoding="utf-8")) or {}
+    margin = (raw.get("eval") or {}).get("chance_margin", EvalParams.model_fields["chance_margin"].default)
+    floor = chance_floor(pd.read_csv(path, dtype={"level": str}), float(margin))
+    if floor is None or not floor.near_chance:
+        return ""
+    import mistune  # lazy: mistune only renders the index's markdown
+
+    return '<div class="floor">' + mistune.html(floor.message(base_origin(run_dir))) + "</div>"
+
+
 def _table3_section(run_dir: Path, report: Report) -> str:
     directory = run_dir / "evaluation"
     if (directory / "table3.md").is_file():
@@ -210,7 +250,7 @@ def _fig4_section(run_dir: Path, report: Report) -> str:
     if not path.is_file():
         report.missing["Fig. 4"] = f"{path} not found: the run has no evaluation figures (notebook 06)"
         return ""
-    return ("<h2>Fig. 4: retrieval accuracy by abstraction level</h2>"
+    return ("<h2>Fig. 4: each model minus the zero-shot model, by abstraction level</h2>"
             f'<img class="figure" src="{_copy_figure(path, report)}" alt="Fig. 4">')
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbformat.sign import NotebookNotary
 
-from cglib.frontend import HEADLESS_ENV
+from cglib.frontend import HEADLESS_ENV, ensure_lab_settings
 from cglib.pipeline import ensure_kernel
 
 pytestmark = pytest.mark.slow
@@ -111,7 +112,7 @@ def driver(tmp_path_factory):
     for arg in ("--headless=new", "--window-size=1400,1000", "--disable-dev-shm-usage", "--disable-gpu",
                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", *(["--no-sandbox"] if AS_ROOT else [])):
         options.add_argument(arg)
-    options.page_load_strategy = "eager"  # report pages name MathJax on a CDN; images are polled below
+    options.page_load_strategy = "eager"  # images and MathJax are polled below, each with its own message
     browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     browser.set_script_timeout(30)
     yield browser
@@ -136,6 +137,8 @@ def lab(small_run, tmp_path_factory):
     nbformat.write(tiny, root / "07_explorer.ipynb")
 
     kernel = ensure_kernel("cglib")
+    # `make install` writes cglib's JupyterLab defaults into the environment; here into a folder of the test's own
+    app_settings = ensure_lab_settings(root / ".app-settings").parents[1]
     settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
@@ -147,6 +150,7 @@ def lab(small_run, tmp_path_factory):
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
                f"--ServerApp.root_dir={root}", f"--MappingKernelManager.default_kernel_name={kernel}",
                f"--LabApp.user_settings_dir={root / '.settings'}", f"--LabApp.workspaces_dir={root / '.ws'}",
+               f"--LabApp.app_settings_dir={app_settings}",
                "--LabApp.expose_app_in_browser=True", *(["--allow-root"] if AS_ROOT else [])]
     log = (root / "jupyterlab.log").open("w")
     server = subprocess.Popen(command, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT)
@@ -310,3 +314,86 @@ def test_report_pages_load_every_image(driver, small_run, tmp_path):
         if page.name == "index.html":
             linked = {a.get_attribute("href") for a in driver.find_elements(By.TAG_NAME, "a")}
             assert {p.as_uri() for p in pages if p.name != "index.html"} <= linked
+
+
+WIDGET_ERRORS = """
+const text = document.body.innerText;
+return {errors: (text.match(/Error displaying widget[^\\n]*/g) || []), loading: text.includes("Loading widget..."),
+        images: document.querySelectorAll('.jp-OutputArea-output img').length,
+        views: document.querySelectorAll('.jp-OutputArea-output .jupyter-widgets').length};
+"""
+SAVED_NOTEBOOK = EXPLORER_07 + "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='bar'):\n    pass\n"
+
+
+def _shut_down_kernels(lab) -> None:
+    """Close every kernel session through the server's REST API (a reopened notebook gets a fresh kernel)."""
+    base, token, _ = lab
+    with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as reply:
+        sessions = json.loads(reply.read())
+    for session in sessions:
+        request = urllib.request.Request(f"{base}/api/sessions/{session['id']}?token={token}", method="DELETE")
+        urllib.request.urlopen(request, timeout=10).close()
+
+
+def test_a_saved_live_notebook_reopens_without_widget_errors(driver, lab):
+    """Run All in JupyterLab (the concept explorer and a tqdm.auto bar, live widgets), save, shut the kernel
+    down, reopen: JupyterLab saved the widget state (cglib's default, `frontend.ensure_lab_settings`) and draws
+    every widget from it, no "Error displaying widget". The same trusted file without the state shows the error:
+    the check can fail. (Someone the file is sent to opens it untrusted and sees the static views.)"""
+    root = lab[2]
+    nb = nbformat.v4.new_notebook(metadata=nbformat.read(REPO / "notebooks" / "03_magic_dag.ipynb",
+                                                         as_version=4).metadata)
+    nb.cells = [nbformat.v4.new_code_cell(SAVED_NOTEBOOK)]
+    nbformat.write(nb, root / "saved.ipynb")
+    state = _open_and_run_all(driver, lab, "saved.ipynb", timeout=180)
+    assert state["cells"][0]["widget"]
+    driver.execute_async_script("window.jupyterapp.commands.execute('docmanager:save').then(arguments[0]);")
+
+    def saved_state() -> dict | None:
+        saved = nbformat.read(root / "saved.ipynb", as_version=4)
+        views = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for o in saved.cells[0].outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        widgets = saved.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+        return (views, widgets) if views and widgets else None
+
+    views, widgets = _wait(saved_state, 30, "saved.ipynb to be saved with its widget state")
+    assert set(views) <= set(widgets["state"]), "a widget view whose model is not in the saved state"
+    _shut_down_kernels(lab)
+
+    _open(driver, lab, "saved.ipynb")
+    shown = _wait(lambda: (s := driver.execute_script(WIDGET_ERRORS)) and not s["loading"] and s["views"] and s, 60,
+                  "the reopened notebook to draw its widgets")
+    assert shown["errors"] == [] and shown["images"] > 0, shown
+
+    stateless = nbformat.read(root / "saved.ipynb", as_version=4)
+    del stateless.metadata["widgets"]
+    # signed as JupyterLab signs what it saves: an untrusted notebook shows only the static HTML anyway
+    NotebookNotary().sign(stateless)
+    nbformat.write(stateless, root / "stateless.ipynb")
+    _shut_down_kernels(lab)
+    _open(driver, lab, "stateless.ipynb")
+    broken = _wait(lambda: (s := driver.execute_script(WIDGET_ERRORS)) and s["errors"] and s, 60,
+                   "the notebook saved without widget state to show the widget error")
+    assert "Error displaying widget: model not found" in broken["errors"]
+
+
+MATH_STATE = """
+const typeset = document.querySelectorAll(".MathJax_Display, .MathJax, .MathJax_CHTML").length;
+const requests = performance.getEntriesByType("resource").map(e => e.name);
+return {typeset: typeset, queued: window.MathJax && MathJax.Hub ? MathJax.Hub.queue.pending : -1,
+        raw: document.body.innerText.includes("$$"), outside: requests.filter(u => !u.startsWith("file:"))};
+"""
+
+
+def test_report_math_typesets_offline_from_the_folder(driver, tmp_path):
+    """Notebook 04's page, opened from disk: MathJax (bundled in the report folder) typesets its equations, no raw
+    `$$` is left, and the page requested nothing outside the folder."""
+    from test_report import math_run
+
+    from cglib.report import build_report
+
+    report = build_report(math_run(tmp_path / "run"), tmp_path / "report")
+    driver.get(report.pages[0].as_uri())
+    state = _wait(lambda: (s := driver.execute_script(MATH_STATE)) and s["typeset"] > 0 and s["queued"] == 0
+                  and not s["raw"] and s, 60, "MathJax to typeset notebook 04's equations")
+    assert state["typeset"] >= 8 and state["outside"] == [], state

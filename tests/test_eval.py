@@ -375,16 +375,16 @@ def test_wide_table_names_directions_and_keeps_correlations_unscaled():
     assert table.loc["zero-shot", "image->text recall"] == "50.0 [45.0, 55.0]"
 
 
-def test_accuracy_by_level_figure_has_a_line_and_band_per_model():
-    """Fig. 4 from a metrics table: one line per model (+ chance) and one CI band per model."""
+def test_accuracy_by_level_figure_has_a_panel_and_band_per_model():
+    """Fig. 4's absolute values from a metrics table: one panel per model (a dagger for an exposed one), each with
+    its line and CI band, the zero-shot line in the others, and chance."""
     from cglib.viz.eval_figures import plot_accuracy_by_level
 
     metrics, _ = toy_metrics()
     fig = plot_accuracy_by_level(metrics)
-    ax = fig.axes[0]
-    labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["zero-shot", "clip", "pairwise †", "chance"]
-    assert len(ax.collections) == 3
+    assert [ax.get_title() for ax in fig.axes] == ["zero-shot", "clip", "pairwise †"]
+    assert [len(ax.get_lines()) for ax in fig.axes] == [2, 3, 3]  # own line, (zero-shot line), chance
+    assert all(len(ax.collections) == 1 for ax in fig.axes)
     with pytest.raises(ValueError, match="no rows"):
         plot_accuracy_by_level(metrics, benchmark="hierarcaps")
 

@@ -135,8 +135,14 @@ def test_trained_models_are_compared_on_identical_items(tmp_path):
          and c not in ("exposed_to_eval_strings", "seeds")])])
     assert (loaded.protocol_changes["models"] == 3).all() and "## What the evaluation corrections change" in md_published
     fig = plot_accuracy_by_level(pd.read_csv(run.dir / "evaluation" / "metrics.csv"))
-    assert [a.get_title() for a in fig.axes] == ["scored against the MAGIC DAG (magic.json)",
-                                                 "scored against the world's ground truth"]
+    assert [a.get_title() for a in fig.axes if a.get_visible()] == ["zero-shot", "clip", "pairwise †"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:2] == ["scored against the MAGIC DAG (magic.json)",
+                                                                       "scored against the world's ground truth"]
+    from cglib.viz.compare import model_families, plot_difference_from_reference
+
+    fig = plot_difference_from_reference(loaded.differences, families=model_families(loaded.info["models"]),
+                                         exposed=["pairwise"])
+    assert {t.get_text() for t in fig.axes[0].get_yticklabels()} == {"clip", "pairwise †"}
 
 
 @pytest.mark.slow

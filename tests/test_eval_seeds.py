@@ -201,7 +201,7 @@ def test_two_seed_run_reports_means_over_seeds_with_n_seeds(tmp_path):
     assert "seeds" in (run.dir / "evaluation" / "table3.md").read_text()
     assert "Paired difference from the zero-shot model" in (run.dir / "evaluation" / "table3.md").read_text()
     fig = plot_accuracy_by_level(m, seeds=seeds, labels=["dag"])
-    assert len(fig.axes[0].get_lines()) == 2 * (1 + 2) + 1  # per model: its mean and 2 seeds; chance
+    assert len(fig.axes[1].get_lines()) == 1 + (1 + 2) + 1  # zero-shot's line; clip's mean and 2 seeds; chance
 
     raw["train"]["seeds"] = [0]  # the same run read with one seed: seed 0's models, reused
     (tmp_path / "params" / "tiny.yaml").write_text(yaml.safe_dump(raw))

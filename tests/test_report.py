@@ -174,6 +174,55 @@ def test_clean_notebook_drops_widget_state_and_views_keeps_static_renderings():
     assert outputs[1]["data"] == {"text/plain": "(interactive widget: open the notebook in Jupyter)"}
 
 
+def math_run(root: Path) -> Path:
+    """A run folder whose only executed notebook is notebook 04 (Eqs. 1-8 in its markdown): enough for a report."""
+    (root / "notebooks").mkdir(parents=True)
+    (root / "params.yaml").write_text("run: {name: math}\n", encoding="utf-8")
+    shutil.copy(Path(__file__).parents[1] / "notebooks" / "04_losses.ipynb", root / "notebooks")
+    return root
+
+
+class _Scripts(HTMLParser):
+    """Every `<script src>` and `<link href>` of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        key = {"script": "src", "link": "href"}.get(tag)
+        value = dict(attrs).get(key) if key else None
+        if value:
+            self.sources.append(value)
+
+
+def test_report_math_is_bundled_and_no_script_comes_from_the_network(tmp_path):
+    """The report folder holds MathJax (from the jupyter-server-mathjax package); every page's scripts and style
+    sheets are relative paths that resolve inside the folder, none http(s) or protocol-relative."""
+    from cglib.report import build_report
+
+    report = build_report(math_run(tmp_path / "run"), tmp_path / "report")
+    assert report.pages == [tmp_path / "report" / "04_losses.html"] and not report.failed
+    for page in [*report.pages, report.index]:
+        text = page.read_text(encoding="utf-8")
+        parser = _Scripts()
+        parser.feed(text)
+        for src in parser.sources:
+            assert not urlparse(src).scheme and not src.startswith("//"), (page.name, src)
+            assert (page.parent / unquote(urlparse(src).path)).is_file(), (page.name, src)
+        assert "cdnjs" not in text and "mermaid" not in text, page.name
+    assert any(src.startswith("mathjax/MathJax.js?config=") for src in _sources(report.pages[0]))
+    config = _sources(report.pages[0])[0].split("config=")[1].split(",")
+    assert all((tmp_path / "report" / "mathjax" / "config" / f"{name}.js").is_file() for name in config)
+    assert "$$" in report.pages[0].read_text(encoding="utf-8")  # the equations are left for MathJax to typeset
+
+
+def _sources(page: Path) -> list[str]:
+    parser = _Scripts()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return [s for s in parser.sources if "mathjax" in s.lower()]
+
+
 def test_nav_links_index_previous_next():
     names = ["01_a.ipynb", "03_b.ipynb", "07_c.ipynb"]
     assert nav_links("01_a.ipynb", names) == [("index", "index.html"), ("next: 03_b.ipynb", "03_b.html")]

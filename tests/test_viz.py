@@ -167,6 +167,47 @@ def test_attention_figures_render_headless(data, tiny_vit):
     fig.savefig(io.BytesIO(), format="png")
 
 
+def test_attention_comparison_puts_models_side_by_side_on_the_same_images(data, tiny_vit, tiny_clip):
+    """One figure for several models: a row of the images with their l1 concept, then one row per model with its
+    map of that concept on the same images (4 images: 4 panels a row); a chain shorter than `level` uses its
+    most abstract concept; mismatched inputs are refused."""
+    from cglib.viz.attention import plot_attention_models
+
+    magic, dataset = data
+    ids = choose_attention_images(magic, 4)
+    pixels, chains = dataset.subset(ids).pixels, [magic.chain_names(i) for i in ids]
+    fig = plot_attention_models({"zero-shot": tiny_vit, "clip": tiny_clip}, pixels, chains, ids, level=2)
+    assert len(fig.axes) == 3 * 4
+    assert fig.axes[0].get_title() == f"{ids[0]}\nl2: {chains[0][1]}"
+    assert [fig.axes[4 * row].get_ylabel() for row in range(3)] == ["image", "zero-shot", "clip"]
+    assert all(ax.get_xlabel().startswith("cos ") for ax in fig.axes[4:])
+    short = plot_attention_models({"a": tiny_vit}, pixels[:1], [chains[0][:1]], ids[:1], level=3)
+    assert short.axes[0].get_title().endswith(f"l3: {chains[0][0]}")
+    with pytest.raises(ValueError, match="one of each per image"):
+        plot_attention_models({"a": tiny_vit}, pixels, chains[:1], ids)
+
+
+def test_umap_panels_wrap_at_four_a_row(data):
+    """Five models: image rows then text rows, 4 panels a row (2 rows per modality), the short rows' spare panels
+    hidden, every model's image panel above its text panel."""
+    magic, _ = data
+    groups = [n.id for n in magic.nodes_at(1)]
+    rng = np.random.default_rng(0)
+    models = [f"m{k}" for k in range(5)]
+    panels = [UmapPanel(model=m, modality=mod, groups=groups, xy=rng.normal(size=(6, 2)), trust=0.9, trust_k=2,
+                        seconds=0.0) for mod in ("image", "text") for m in models]
+    fig = plot_umap_panels(panels, magic)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(fig.axes) == 16 and len(shown) == 10
+    rows: dict[float, int] = {}
+    for ax in shown:
+        rows[round(ax.get_position().y0, 3)] = rows.get(round(ax.get_position().y0, 3), 0) + 1
+    assert sorted(rows.values()) == [1, 1, 4, 4]
+    height = {ax.get_title().split("\n")[0]: ax.get_position().y0 for ax in shown}  # "m0: image centroids"
+    assert all(height[f"{m}: image centroids"] > height[f"{m}: text centroids"] for m in models)
+    assert all(t.get_fontsize() >= 8.5 for ax in shown for t in ax.texts)
+
+
 # ------------------------------------------------------------------------------------- centroids, UMAP
 def test_group_texts_and_centroids(data):
     """Caption texts follow their images' groups; generalized ones come once per group; centroids are unit."""

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -62,9 +63,11 @@ def finished_run(tmp_path_factory) -> Path:
 
 
 def _expected_stems() -> list[str]:
-    stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "umap", "dual_effect")]
+    stems = [STEMS[k] for k in ("caption_lengths", "image_grid", "loss_curves", "accuracy", "accuracy_absolute",
+                                "gallery", "gallery_absolute", "gains", "umap", "dual_effect", "attention_models",
+                                "geometry_within", "geometry_margin")]
     for model in MODELS:
-        stems += [STEMS["attention_grid"].format(model=model), STEMS["attention_heads"].format(model=model)]
+        stems += [STEMS["attention_heads"].format(model=model)]
     return stems
 
 
@@ -123,6 +126,29 @@ def test_partial_run_skips_figures_with_reasons(tmp_path, capsys):
     assert regenerate_figures(run.dir, formats=["png"], progress=False)  # same run through the CLI's entry point
 
 
+def test_compared_models_default_to_base_clip_and_best_group_objective():
+    """The demo's runs: zero-shot, clip (not hierarcaps_ft, which starts elsewhere) and the group objective with the
+    best mean forced-choice accuracy at l1..l4 (the first group run before evaluation); viz.models overrides, an
+    unknown name is a params error naming the choices."""
+    from cglib.config import ParamsError, load_params
+    from cglib.viz.figures import compared_models
+
+    demo = Path(__file__).parents[1] / "params" / "demo.yaml"
+    params = load_params(demo, check_paths=False)
+    names = ["zero-shot", *(r.name for r in params.train.runs)]
+    assert compared_models(params, names) == ["zero-shot", "clip", "pairwise"]
+    metrics = pd.DataFrame([{"model": m, "benchmark": "forced_choice", "labels": "dag", "direction": "t2i",
+                             "metric": "accuracy", "level": lv, "value": 0.9 if m == "centroid_pretrain" else 0.6}
+                            for m in names for lv in ("l1", "l2", "caption")])
+    metrics.loc[(metrics["model"] == "pairwise") & (metrics["level"] == "caption"), "value"] = 1.0  # not a level
+    assert compared_models(params, names, metrics) == ["zero-shot", "clip", "centroid_pretrain"]
+    assert compared_models(params, ["zero-shot", "pairwise"], metrics) == ["zero-shot", "pairwise"]
+    chosen = load_params(demo, check_paths=False, overrides={"viz": {"models": ["centroid", "zero-shot"]}})
+    assert compared_models(chosen, names) == ["centroid", "zero-shot"]
+    with pytest.raises(ParamsError, match=r"viz.models names \['cnetroid'\].*pick from"):
+        load_params(demo, check_paths=False, overrides={"viz": {"models": ["cnetroid"]}})
+
+
 def test_empty_run_dir_is_a_clear_error(tmp_path):
     """A folder without params.yaml is not a run: the error says which file is missing."""
     with pytest.raises(FileNotFoundError, match="params.yaml"):
@@ -130,15 +156,20 @@ def test_empty_run_dir_is_a_clear_error(tmp_path):
 
 
 def test_a_broken_input_fails_its_figure_only(tmp_path):
-    """A metrics.csv without rows fails the accuracy figure; the other figures are still written, then
-    FigureFailures names the failed one."""
+    """Evaluation files without rows fail the five evaluation figures; the other figures are still written, then
+    FigureFailures names the failed ones."""
     run = _run_with_data(tmp_path)
-    (run.stage("evaluation") / "metrics.csv").write_text("model,benchmark,labels,direction,metric,level,value\n")
+    evaluation = run.stage("evaluation")
+    (evaluation / "metrics.csv").write_text("model,benchmark,labels,direction,metric,level,value,exposure\n")
+    (evaluation / "differences.csv").write_text("model_a,model_b,benchmark,labels,direction,metric,level\n")
+    (evaluation / "table3.csv").write_text("model\n")
+    (evaluation / "results.json").write_text("{}")
     with pytest.raises(FigureFailures, match=STEMS["accuracy"]):
         regenerate_figures(run.dir, formats=["png"], progress=False)
     assert (run.dir / "figures" / f"{STEMS['image_grid']}.png").is_file()
     manifest = json.loads((run.dir / "figures" / MANIFEST).read_text())
-    assert set(manifest["failed"]) == {STEMS["accuracy"]}
+    assert set(manifest["failed"]) == {STEMS[k] for k in ("accuracy", "accuracy_absolute", "gallery",
+                                                          "gallery_absolute", "gains")}
     # the CLI turns it into exit code 1 naming the figure, and 2 for a folder that is not a run
     from cglib.cli import main as cli_main
 

@@ -268,3 +268,18 @@ def test_notebook_03_runs_headless_on_real_photos_repeatedly(shared_data, tmp_pa
         assert any("MAGIC explorer, static view" in o["data"].get("text/html", "") for o in shown)
         assert not any("application/vnd.jupyter.widget-view+json" in o["data"] for o in shown)
     print("real-photo runs (s):", [round(s, 1) for s in seconds])
+
+
+def test_lab_settings_make_jupyterlab_save_widget_state(monkeypatch, tmp_path):
+    """`ensure_lab_settings()` writes its default where this environment's JupyterLab reads app settings
+    (JUPYTERLAB_DIR/settings), and jupyterlab_server's own reader returns saveState on for the widget manager."""
+    from jupyterlab_server.settings_utils import _get_overrides
+
+    from cglib.frontend import LAB_OVERRIDES, ensure_lab_settings
+
+    monkeypatch.setenv("JUPYTERLAB_DIR", str(tmp_path / "lab"))
+    path = ensure_lab_settings()
+    assert path == tmp_path / "lab" / "settings" / "overrides.d" / "cglib.json"
+    overrides, error = _get_overrides(str(tmp_path / "lab" / "settings"))
+    assert not error and overrides == LAB_OVERRIDES
+    assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True

@@ -38,6 +38,11 @@ class EvalParams(Section):
     recall_at: list[int] = Field(default_factory=lambda: [1, 5, 10], description="k values for gallery R@k.")
     bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals (0 = none).")
     ci: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence level.")
+    chance_margin: float = Field(
+        15.0, ge=0.0, le=100.0, description="Usability floor, in points: when the zero-shot base is less than this "
+        "above chance on every caption column (forced choice, text->image), notebook 06 and `cglib report` say first "
+        "that Table 3 shows the pipeline, not the method. 15 flags params/hierarcaps.yaml's base (10 points above "
+        "chance) and not the demo's (37 points).")
     bootstrap_unit: Literal["image", "group"] = Field(
         "image", description="What the bootstrap resamples on the MAGIC test split: image (test items, for these "
         "concepts) or group (whole l1 groups with their images: wider intervals that also cover concept sampling).")
@@ -126,6 +131,10 @@ class VizParams(Section):
     label_max: int = Field(40, ge=0, description="Most l1 names written per UMAP panel (names that would overprint "
                            "another are left out).")
     explorer_top_k: int = Field(5, ge=1, le=50, description="Images per model shown by the concept explorer.")
+    models: list[str] | None = Field(
+        None, description="Models the UMAP and attention comparisons show side by side (names: zero-shot or train.runs "
+        "entries); null = the zero-shot model, the CLIP-loss model and the group-objective model with the best mean "
+        "forced-choice accuracy (the first group objective before evaluation).")
     numba_cache_dir: Path | None = Field(None, description="numba compile cache for UMAP; null = $NUMBA_CACHE_DIR "
                                          "or ~/.cache/cglib/numba.")
 

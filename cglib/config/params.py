@@ -53,6 +53,12 @@ class Params(Section):
             problems.append((("viz.color_level", "magic.l_max"),
                              (f"viz.color_level ({self.viz.color_level}) exceeds magic.l_max ({self.magic.l_max}); "
                              "lower viz.color_level")))
+        known = ["zero-shot", *(r.name for r in self.train.runs)]
+        unknown = [m for m in self.viz.models or [] if m not in known]
+        if unknown:
+            problems.append((("viz.models", "train.runs"),
+                             (f"viz.models names {unknown}, not the zero-shot model or a train.runs entry; pick "
+                              f"from {known}")))
         if self.train.base.corpus == "synthetic" and self.data.source != "synthetic":
             problems.append((("train.base.corpus", "data.source"),
                              ("train.base.corpus 'synthetic' renders the synthetic world; with data.source "

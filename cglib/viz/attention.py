@@ -300,3 +300,37 @@ def plot_attention_heads(bundle: ClipModel, image: np.ndarray, title: str | None
     fig.suptitle(title or f"{bundle.name}: class-token attention per layer and head", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_attention_models(bundles: dict[str, ClipModel], pixels: np.ndarray, chains: Sequence[Sequence[str]],
+                          image_ids: Sequence[str], level: int = 1, title: str | None = None) -> Figure:
+    """Models side by side on the same images: columns are the images (top row: the image and its l`level`
+    concept), each further row one model's text-conditioned map of that concept (patch cosine to the concept
+    name, min-max scaled per panel, cosine range below). Keep the images to 4 or fewer, so a row stays readable."""
+    if len(pixels) != len(chains) or len(pixels) != len(image_ids):
+        raise ValueError(f"{len(pixels)} images, {len(chains)} chains and {len(image_ids)} ids; give one of each per "
+                         "image")
+    if not bundles or not len(pixels):
+        raise ValueError("no model or no image to draw; pass at least one of each")
+    names = [chain[min(level, len(chain)) - 1] for chain in chains]  # a short chain: its most abstract concept
+    fig, axes = plt.subplots(1 + len(bundles), len(pixels), figsize=(2.6 * len(pixels) + 0.6,
+                                                                     2.6 * (1 + len(bundles)) + 0.4), squeeze=False)
+    for col, (image, image_id, name) in enumerate(zip(pixels, image_ids, names)):
+        axes[0, col].imshow(image)
+        axes[0, col].set_xticks([])
+        axes[0, col].set_yticks([])
+        axes[0, col].set_title(f"{image_id}\nl{level}: {name}", fontsize=10)
+    axes[0, 0].set_ylabel("image", fontsize=11)
+    for row, (model, bundle) in enumerate(bundles.items(), start=1):
+        maps = extract_attention(bundle, pixels)
+        unique = sorted(set(names))
+        embedded = dict(zip(unique, encode_texts(bundle, unique)))
+        for col, (image, name) in enumerate(zip(pixels, names)):
+            heat = maps.text_maps(embedded[name])[col].numpy()
+            overlay(axes[row, col], image, heat)
+            axes[row, col].set_xlabel(f"cos {heat.min():.2f}..{heat.max():.2f}", fontsize=9)
+        axes[row, 0].set_ylabel(model, fontsize=11)
+    fig.suptitle(title or f"where each model finds the l{level} concept (patch cosine to the concept name; "
+                 "brighter = closer)", fontsize=12)
+    fig.tight_layout()
+    return fig

@@ -92,6 +92,20 @@ def geometry_table(results: list[DualEffect]) -> pd.DataFrame:
     return pd.DataFrame([{"loss": r.loss, **r.geometry()} for r in results]).set_index("loss")
 
 
+def geometry_takeaways(geometry: pd.DataFrame) -> list[str]:
+    """One sentence per loss from `geometry_table`: how the within-group spread and the separation changed (as
+    factors of their start) and the pair cosine, with the direction said in words."""
+    out = []
+    for loss, r in geometry.iterrows():
+        spread = r["within_group_spread_after"] / r["within_group_spread_before"]
+        separation = r["separation_after"] / r["separation_before"]
+        out.append(f"{loss}: within-group spread x{spread:.2f} ({'tighter' if spread < 1 else 'looser'} groups), "
+                   f"separation x{separation:.2f} (group means {'further apart' if separation > 1 else 'closer'} "
+                   f"relative to the spread), image-text pair cosine {r['pair_cosine_before']:.2f} -> "
+                   f"{r['pair_cosine_after']:.2f}.")
+    return out
+
+
 def equal_area_map(points: np.ndarray) -> np.ndarray:
     """Lambert azimuthal equal-area map of unit 3-D vectors centred on +z: the whole sphere onto a disc of radius 2
     (the equator at radius sqrt(2), -z on the rim), so no point hides behind the sphere."""

@@ -1,4 +1,5 @@
-"""Fig. 4: accuracy against abstraction level, one line per model with its 95% CI band, from `metrics.csv`.
+"""Fig. 4's absolute accuracies against abstraction level as small multiples (one panel per model), from
+`metrics.csv`; the comparison itself (each model minus the zero-shot model) is `compare.plot_difference_from_reference`.
 
 A pure function of the saved metrics table (`cglib.evaluate.load_results(run_dir).metrics` or
 `pd.read_csv("evaluation/metrics.csv")`), so `cglib figures` can redraw it without any model. With several
@@ -7,27 +8,28 @@ training seeds, `seeds` (`evaluation/seeds.csv`) adds one thin line per seed beh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from cglib.viz.compare import (
+    DIRECTION_TITLES,
+    PANELS_PER_ROW,
+    concept_levels,
+    family_color,
+    family_handles,
+    legend_below,
+)
 
 LABEL_TITLES = {"dag": "scored against the MAGIC DAG (magic.json)",
                 "ground_truth": "scored against the world's ground truth",
                 "hierarcaps": "HierarCaps", "captions": "captions"}
-DIRECTION_TITLES = {"t2i": "text → image", "i2t": "image → text"}
 LEVEL_TICKS = {"caption": "caption", "generalized": "gen. caption"}
-
-
-def _level_order(levels: Sequence[str]) -> list[str]:
-    """Captions first, then l1, l2, ... (concrete to abstract)."""
-    def key(level: str) -> tuple[int, int]:
-        if level in ("caption", "generalized"):
-            return (0, 0 if level == "caption" else 1)
-        return (1, int(level[1:])) if level[1:].isdigit() else (2, 0)
-    return sorted(set(levels), key=key)
 
 
 def seed_lines(seeds: pd.DataFrame | None, benchmark: str, metric: str, direction: str, labels: str, model: str,
@@ -43,16 +45,22 @@ def seed_lines(seeds: pd.DataFrame | None, benchmark: str, metric: str, directio
             for _, group in rows.groupby("training_seed", sort=False)]
 
 
+SOURCE_STYLES = {"dag": ("-", "o"), "ground_truth": ("--", "s"), "hierarcaps": ("-.", "^"), "captions": ("-.", "D")}
+
+
 def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choice", metric: str = "accuracy",
                            direction: str = "t2i", labels: Sequence[str] | None = None,
                            levels: Sequence[str] | None = None, models: Sequence[str] | None = None,
-                           percent: bool = True, figsize_per_panel: tuple[float, float] = (5.0, 3.8),
-                           seeds: pd.DataFrame | None = None) -> Figure:
-    """One panel per label source (DAG, ground truth, ...): the metric by level, one line per model (the mean over
-    training seeds), CI bands, and with `seeds` (seeds.csv) one thin line per training seed behind the mean.
+                           percent: bool = True, figsize_per_panel: tuple[float, float] = (3.1, 2.6),
+                           seeds: pd.DataFrame | None = None, families: Mapping[str, str] | None = None,
+                           reference: str = "zero-shot") -> Figure:
+    """Small multiples: one panel per model (at most 4 a row, shared axes), the metric by level for each label
+    source (DAG solid, ground truth dashed) with its CI band, `reference`'s mean as a grey line in every other
+    panel, chance dotted, and with `seeds` (seeds.csv) and a single label source, one thin line per training seed.
 
-    `levels` defaults to the concept levels l1..lL found in the table; models whose training saw the evaluation
-    strings are drawn dashed and marked with a dagger; the chance level is a grey dotted line.
+    `levels` defaults to the concept levels l1..lL found in the table; `families` (model -> objective family,
+    `compare.model_families`) colours each panel; a dagger marks a model whose training saw the evaluation strings.
+    The legend sits under the panels, never over data.
     """
     rows = metrics[(metrics["benchmark"] == benchmark) & (metrics["metric"] == metric)
                    & (metrics["direction"] == direction)]
@@ -62,38 +70,55 @@ def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choic
     sources = [s for s in (labels or list(dict.fromkeys(rows["labels"]))) if s in set(rows["labels"])]
     if not sources:
         raise ValueError(f"none of the label sources {list(labels or [])} has rows; have {sorted(rows['labels'].unique())}")
-    level_list = list(levels) if levels is not None else [lv for lv in _level_order(rows["level"])
-                                                          if lv.startswith("l") and lv[1:].isdigit()]
-    model_list = list(models) if models is not None else list(dict.fromkeys(rows["model"]))
+    rows = rows[rows["labels"].isin(sources)]
+    level_list = list(levels) if levels is not None else concept_levels(rows["level"].astype(str))
+    model_list = [m for m in (models or list(dict.fromkeys(rows["model"]))) if m in set(rows["model"])]
+    families = dict(families or {})
     scale = 100.0 if percent else 1.0
-    fig, axes = plt.subplots(1, len(sources), figsize=(figsize_per_panel[0] * len(sources), figsize_per_panel[1]),
-                             sharey=True, squeeze=False)
     x = np.arange(len(level_list))
-    for ax, source in zip(axes[0], sources):
-        panel = rows[rows["labels"] == source]
-        for i, model in enumerate(model_list):
-            m = panel[panel["model"] == model].set_index("level").reindex(level_list)
-            if m["value"].isna().all():
-                continue
-            exposed = bool(m["exposed_to_eval_strings"].fillna(False).astype(bool).any())
-            color = f"C{i % 10}"
-            ax.plot(x, scale * m["value"].to_numpy(float), marker="o", color=color,
-                    linestyle="--" if exposed else "-", label=f"{model} †" if exposed else model)
-            ax.fill_between(x, scale * m["ci_low"].to_numpy(float), scale * m["ci_high"].to_numpy(float),
-                            color=color, alpha=0.15, linewidth=0)
-            for line in seed_lines(seeds, benchmark, metric, direction, source, model, level_list):
+    nrows, ncols = math.ceil(len(model_list) / PANELS_PER_ROW), min(PANELS_PER_ROW, len(model_list))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(figsize_per_panel[0] * ncols + 0.8, figsize_per_panel[1] * nrows + 0.9),
+                             sharex=True, sharey=True, squeeze=False)
+
+    def values(model: str, source: str, column: str = "value") -> np.ndarray:
+        m = rows[(rows["model"] == model) & (rows["labels"] == source)].set_index("level").reindex(level_list)
+        return scale * m[column].to_numpy(float)
+
+    for ax, model in zip(axes.flat, model_list):
+        color = family_color(families.get(model, ""))
+        exposed = bool(rows.loc[rows["model"] == model, "exposed_to_eval_strings"].fillna(False).astype(bool).any())
+        for source in sources:
+            style, marker = SOURCE_STYLES.get(source, (":", "v"))
+            if model != reference and reference in set(rows["model"]):
+                ax.plot(x, values(reference, source), color="0.6", linestyle=style, linewidth=1.2, zorder=1)
+            # per-seed lines on top of two sources' bands would blur into one: drawn for a single source only
+            for line in seed_lines(seeds if len(sources) == 1 else None, benchmark, metric, direction, source, model,
+                                   level_list):
                 ax.plot(x, scale * line, color=color, linewidth=0.7, alpha=0.45, zorder=1)
-        chance = panel.groupby("level")["chance"].mean().reindex(level_list).to_numpy(float)
+            ax.fill_between(x, values(model, source, "ci_low"), values(model, source, "ci_high"), color=color,
+                            alpha=0.12, linewidth=0)
+            ax.plot(x, values(model, source), color=color, linestyle=style, marker=marker, markersize=4, zorder=3)
+        chance = rows.groupby("level")["chance"].mean().reindex(level_list).to_numpy(float)
         if np.isfinite(chance).any():
-            ax.plot(x, scale * chance, color="0.5", linestyle=":", linewidth=1.5, label="chance")
+            ax.plot(x, scale * chance, color="0.4", linestyle=":", linewidth=1.2)
+        ax.set_title(f"{model} †" if exposed else model, fontsize=11, color=color)
         ax.set_xticks(x, [LEVEL_TICKS.get(lv, lv) for lv in level_list])
-        ax.set_xlabel("abstraction level (concrete → abstract)")
-        ax.set_title(LABEL_TITLES.get(source, source), fontsize=10)
+    for ax in axes.flat[len(model_list):]:
+        ax.set_visible(False)
     unit = " (%)" if percent else ""
-    axes[0][0].set_ylabel(f"{metric}{unit}, {DIRECTION_TITLES.get(direction, direction)}")
-    axes[0][-1].legend(loc="best", frameon=True)
+    for row in axes:
+        row[0].set_ylabel(f"{metric}{unit}")
+    handles = [Line2D([], [], color="0.2", linestyle=SOURCE_STYLES.get(s, (":", "v"))[0],
+                      marker=SOURCE_STYLES.get(s, (":", "v"))[1], label=LABEL_TITLES.get(s, s)) for s in sources]
+    handles.append(Line2D([], [], color="0.6", label=f"{reference} (reference, in every panel)"))
+    handles.append(Line2D([], [], color="0.4", linestyle=":", label="chance"))
+    handles += family_handles([families.get(m, "") for m in model_list]) if families else []
+    legend_below(fig, handles, ncol=3)
     n_seeds = int(rows["n_seeds"].max()) if "n_seeds" in rows.columns and rows["n_seeds"].notna().any() else 1
-    fig.suptitle(f"{benchmark.replace('_', ' ')}: {metric} by abstraction level (95% CI bands"
-                 + (f"; mean of {n_seeds} training seeds, thin lines: each seed)" if n_seeds > 1 else ")"))
+    fig.suptitle(f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}, by "
+                 "abstraction level (concrete → abstract; 95% CI bands"
+                 + (f"; mean of {n_seeds} training seeds" + (", thin lines: each seed)" if len(sources) == 1 else ")")
+                    if n_seeds > 1 else ")"),
+                 fontsize=12)
     fig.tight_layout()
     return fig

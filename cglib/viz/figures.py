@@ -25,18 +25,24 @@ from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.data.image_cache import build_image_cache
 from cglib.data.taxonomy import load_taxonomy
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
+from cglib.evaluate.geometry import geometry_differences, group_geometry
 from cglib.evaluate.loading import model_fingerprints
+from cglib.evaluate.questions import QUESTIONS
+from cglib.evaluate.results import EvalResults, load_results
 from cglib.magic.schema import MagicFile, load_magic
 from cglib.models import ClipModel
 from cglib.run import RunContext, provenance, seed_label, write_json
 from cglib.search.study import SUMMARY, open_study, workspace
 from cglib.train import ZERO_SHOT, load_trained
+from cglib.train.objectives import objective_for
 from cglib.viz.attention import (
     choose_attention_images,
     plot_attention_grid,
     plot_attention_heads,
+    plot_attention_models,
     vision_transformer,
 )
+from cglib.viz.compare import model_families, plot_difference_from_reference, plot_gains
 from cglib.viz.data_figures import caption_length_figure, image_grid
 from cglib.viz.data_figures import taxonomy_figure as draw_taxonomy
 from cglib.viz.eval_figures import plot_accuracy_by_level
@@ -47,6 +53,7 @@ from cglib.viz.training_figures import plot_loss_curves
 from cglib.viz.umap_centroids import (
     GroupEmbeddings,
     UmapPanel,
+    _ancestor_or_self,
     configure_numba_cache,
     dual_effect_table,
     embed_groups,
@@ -209,13 +216,37 @@ class VizRun:
         return GroupEmbeddings(model=name, images=emb.images, image_groups=[self.magic.images[i].node for i in ids],
                                texts=emb.text(needed), text_groups=groups, image_ids=ids)
 
+    def compared_models(self) -> list[str]:
+        """The models the UMAP and attention comparisons show (`compared_models`), among those with a checkpoint."""
+        path = self.dir / "evaluation" / "metrics.csv"
+        metrics = pd.read_csv(path, dtype={"level": str}) if path.is_file() else None
+        return compared_models(self.params, list(self.models()), metrics)
+
     @cached_property
     def umap_panels(self) -> list[UmapPanel]:
-        """UMAP panels of every model (same seed), image and text centroids."""
+        """UMAP panels of the compared models (same seed), image and text centroids."""
         configure_numba_cache(self.params.viz.numba_cache_dir)
         v = self.params.viz
-        return umap_panels(self.embeddings, seed=v.umap_seed, n_neighbors=v.umap_neighbors,
-                           trust_neighbors=v.trust_neighbors)
+        chosen = self.compared_models()
+        return umap_panels([e for e in self.embeddings if e.model in chosen], seed=v.umap_seed,
+                           n_neighbors=v.umap_neighbors, trust_neighbors=v.trust_neighbors)
+
+    @cached_property
+    def geometry(self) -> pd.DataFrame:
+        """Every model minus the zero-shot model in within-group cosine and hard-negative margin of the test images,
+        per level, against the DAG and (synthetic world) the ground truth (`cglib.evaluate.geometry`)."""
+        truth = load_ground_truth(self.dir / "captions")
+        per_image = {}
+        for emb in self.embeddings:
+            for level in range(1, self.magic.l_max + 1):
+                groups = [_ancestor_or_self(self.magic, g, level) for g in emb.image_groups]
+                negatives = {g: self.magic.nodes[g].hard_negatives for g in set(groups)}
+                per_image[(emb.model, "dag", f"l{level}")] = group_geometry(emb.images, groups, negatives)
+                if truth and all(len(truth.get(i, ())) >= level for i in emb.image_ids):
+                    per_image[(emb.model, "ground_truth", f"l{level}")] = group_geometry(
+                        emb.images, [truth[i][level - 1] for i in emb.image_ids])
+        e = self.params.eval
+        return geometry_differences(per_image, resamples=e.bootstrap or 1000, ci=e.ci, seed=self.params.run.seed)
 
     @cached_property
     def dual_effect(self) -> pd.DataFrame:
@@ -231,6 +262,25 @@ class VizRun:
         """Save a figure under `figures/` in `viz.formats` at `viz.dpi`."""
         return save_figure(fig, self.dir / "figures", stem, formats=formats or self.params.viz.formats,
                            dpi=self.params.viz.dpi)
+
+
+def compared_models(params: Params, available: Sequence[str], metrics: pd.DataFrame | None = None) -> list[str]:
+    """`viz.models`, or the zero-shot model, the first CLIP-loss run (no init, no pretraining) and the group-objective
+    run with the best mean forced-choice accuracy in `metrics` (text->image, DAG, l1..lL; without metrics the first
+    group run); only names in `available`."""
+    if params.viz.models:
+        return [m for m in params.viz.models if m in available]
+    runs = [r for r in params.train.runs if r.name in available]
+    family = {r.name: objective_for(r).family for r in runs}
+    clip = [r.name for r in runs if family[r.name] == "clip" and r.init is None and r.pretrain == "none"]
+    group = [r.name for r in runs if family[r.name] == "group"]
+    if metrics is not None and group:
+        m = metrics
+        rows = m[(m["benchmark"] == "forced_choice") & (m["labels"] == "dag") & (m["direction"] == "t2i")
+                 & (m["metric"] == "accuracy") & m["level"].astype(str).str.fullmatch(r"l\d+") & m["model"].isin(group)]
+        means = rows.groupby("model")["value"].mean()
+        group = sorted(group, key=lambda n: -means.get(n, -1.0))  # stable: ties and unscored keep train.runs order
+    return [m for m in (ZERO_SHOT, *clip[:1], *group[:1]) if m in available]
 
 
 def _device(params: Params) -> str:
@@ -264,6 +314,31 @@ def attention_grid_figure(vr: VizRun, model: str) -> Figure:
                                title=f"{model}: attention rollout and text-conditioned maps")
 
 
+def geometry_figure(vr: VizRun, metric: str = "within") -> Figure:
+    """What the objectives did to the geometry: each model minus zero-shot in `metric` (within or margin) per level."""
+    table = vr.geometry  # first: a run without checkpoints skips this figure, whatever its evaluation holds
+    models = _evaluation(vr).info["models"] if (vr.dir / "evaluation" / "results.json").is_file() else []
+    what = {"within": "cosine of each test image to its own group's centroid",
+            "margin": "margin to the nearest hard-negative group's centroid (ground truth: nearest other group)"}
+    return plot_difference_from_reference(
+        table, benchmark="geometry", metric=metric, direction="image", families=model_families(models),
+        ci=vr.params.eval.ci, title=f"What the objectives did to the geometry: {what[metric]}, each model minus "
+        f"zero-shot (training seed {vr.training_seed}; paired {100 * vr.params.eval.ci:.0f}% CI over the images)")
+
+
+def attention_models_figure(vr: VizRun, level: int = 1) -> Figure:
+    """The compared models side by side on the same test images: where each finds the images' l`level` concept."""
+    chosen = vr.compared_models()
+    models = vr.models()
+    for name in chosen:
+        vision_transformer(models[name])  # a clear error for non-ViT towers before any work
+    ids = vr.attention_image_ids()
+    if not ids:
+        raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
+    return plot_attention_models({name: models[name] for name in chosen}, vr.pixels_of(ids),
+                                 [vr.magic.chain_names(i) for i in ids], ids, level=level)
+
+
 def attention_heads_figure(vr: VizRun, model: str) -> Figure:
     """Class-token attention per layer and head of the first attention image, one model."""
     ids = vr.attention_image_ids()
@@ -273,12 +348,38 @@ def attention_heads_figure(vr: VizRun, model: str) -> Figure:
                                 title=f"{model}: class-token attention of {ids[0]} per layer and head")
 
 
-def accuracy_figure(vr: VizRun) -> Figure:
-    """Fig. 4: retrieval accuracy by abstraction level, from `evaluation/metrics.csv`."""
-    metrics = pd.read_csv(_require(vr.dir / "evaluation" / "metrics.csv", "06_evaluation"))
-    seeds_path = vr.dir / "evaluation" / "seeds.csv"  # absent in evaluations written before train.seeds
-    seeds = pd.read_csv(seeds_path, dtype={"level": str, "training_seed": str}) if seeds_path.is_file() else None
-    return plot_accuracy_by_level(metrics, seeds=seeds)
+def _evaluation(vr: VizRun) -> EvalResults:
+    """The run's saved evaluation (results.json, metrics, differences, seeds)."""
+    _require(vr.dir / "evaluation" / "results.json", "06_evaluation")
+    return load_results(vr.dir)
+
+
+def accuracy_figure(vr: VizRun, benchmark: str = "forced_choice", metric: str = "accuracy") -> Figure:
+    """Fig. 4: each model minus the zero-shot model per label source and level (paired CIs, Holm), from
+    `evaluation/differences.csv`."""
+    results = _evaluation(vr)
+    return plot_difference_from_reference(results.differences, benchmark=benchmark, metric=metric,
+                                          families=model_families(results.info["models"]),
+                                          exposed=_exposed(results.info["models"]), ci=results.info["settings"]["ci"])
+
+
+def absolute_accuracy_figure(vr: VizRun, benchmark: str = "forced_choice", metric: str = "accuracy") -> Figure:
+    """Fig. 4's absolute values by level, one panel per model, from `evaluation/metrics.csv`."""
+    results = _evaluation(vr)
+    return plot_accuracy_by_level(results.metrics, benchmark=benchmark, metric=metric, seeds=results.seeds,
+                                  families=model_families(results.info["models"]))
+
+
+def gains_figure(vr: VizRun) -> Figure:
+    """Notebook 06's questions: the gain rows under Table 3, one panel per gain, from `evaluation/gains.csv`."""
+    gains = _evaluation(vr).gains
+    if not np.isfinite(gains["difference"].astype(float)).any():
+        raise MissingInput("no gain row: the run lacks the models on one side of every gain (table3.md's notes)")
+    return plot_gains(gains, QUESTIONS)
+
+
+def _exposed(models: Sequence[dict]) -> list[str]:
+    return [m["name"] for m in models if m.get("exposed_to_eval_strings")]
 
 
 def loss_curves_figure(vr: VizRun) -> Figure:
@@ -337,8 +438,11 @@ def search_importances_figure(vr: VizRun) -> Figure:
 # File stems follow the notebooks' `NN_name` convention, so a regeneration overwrites the notebooks' own files.
 STEMS = {"caption_lengths": "01_caption_lengths", "image_grid": "01_image_grid", "taxonomy": "01_taxonomy",
          "loss_curves": "05_loss_curves", "accuracy": "06_fig4_accuracy_by_level",
+         "accuracy_absolute": "06_fig4_absolute_by_level", "gallery": "06_gallery_r1_by_level",
+         "gallery_absolute": "06_gallery_r1_absolute", "gains": "06_gains",
          "umap": "07_umap_centroids", "dual_effect": "07_dual_effect_measured",
-         "attention_grid": "07_attention_grid_{model}", "attention_heads": "07_attention_heads_{model}",
+         "attention_models": "07_attention_models", "geometry_within": "07_geometry_within",
+         "geometry_margin": "07_geometry_margin", "attention_heads": "07_attention_heads_{model}",
          "search_history": "search_history", "search_importances": "search_importances"}  # 08's own names
 
 
@@ -350,14 +454,19 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["taxonomy"], lambda: taxonomy_figure(vr)),
         (STEMS["loss_curves"], lambda: loss_curves_figure(vr)),
         (STEMS["accuracy"], lambda: accuracy_figure(vr)),
+        (STEMS["accuracy_absolute"], lambda: absolute_accuracy_figure(vr)),
+        (STEMS["gallery"], lambda: accuracy_figure(vr, "gallery", "R@1")),
+        (STEMS["gallery_absolute"], lambda: absolute_accuracy_figure(vr, "gallery", "R@1")),
+        (STEMS["gains"], lambda: gains_figure(vr)),
         (STEMS["umap"], lambda: umap_figure(vr)),
         (STEMS["dual_effect"], lambda: dual_effect_figure(vr)),
+        (STEMS["attention_models"], lambda: attention_models_figure(vr)),
+        (STEMS["geometry_within"], lambda: geometry_figure(vr, "within")),
+        (STEMS["geometry_margin"], lambda: geometry_figure(vr, "margin")),
         (STEMS["search_history"], lambda: search_history_figure(vr)),
         (STEMS["search_importances"], lambda: search_importances_figure(vr)),
     ]
     for name in vr.model_names:
-        jobs.append((STEMS["attention_grid"].format(model=name),
-                     lambda name=name: _for_model(vr, name, attention_grid_figure)))
         jobs.append((STEMS["attention_heads"].format(model=name),
                      lambda name=name: _for_model(vr, name, attention_heads_figure)))
     return jobs

@@ -33,6 +33,7 @@ from matplotlib.lines import Line2D
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
 from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel
+from cglib.viz.compare import PANELS_PER_ROW
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -231,8 +232,9 @@ def readable_labels(xy: np.ndarray, limit: int, width: float = 0.22, height: flo
 
 def plot_umap_panels(panels: Sequence[UmapPanel], magic: MagicFile, color_level: int = 2,
                      label_max: int = 60) -> Figure:
-    """Grid of UMAP panels (rows: image / text centroids, columns: models); colour (and, past the palette,
-    marker) = ancestor at `color_level`; up to `label_max` l1 names per panel, where they do not overprint."""
+    """Grid of UMAP panels (image centroids, then text centroids; one panel per model, at most 4 a row); colour
+    (and, past the palette, marker) = ancestor at `color_level`; up to `label_max` l1 names per panel, where they
+    do not overprint."""
     if not panels:
         raise ValueError("no UMAP panels to draw; compute them with umap_panels() first")
     models = list(dict.fromkeys(p.model for p in panels))
@@ -241,27 +243,33 @@ def plot_umap_panels(panels: Sequence[UmapPanel], magic: MagicFile, color_level:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     style = {c: (colours[k % len(colours)], MARKERS[(k // len(colours)) % len(MARKERS)])
              for k, c in enumerate(classes)}
-    fig, axes = plt.subplots(len(modalities), len(models), figsize=(4.2 * len(models), 4.2 * len(modalities) + 0.8),
-                             squeeze=False)
+    ncols = min(PANELS_PER_ROW, len(models))
+    rows_per_modality = -(-len(models) // ncols)
+    fig, axes = plt.subplots(len(modalities) * rows_per_modality, ncols,
+                             figsize=(4.4 * ncols, 4.4 * len(modalities) * rows_per_modality + 0.8), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)  # panels of a short last row stay blank
     for panel in panels:
-        ax = axes[modalities.index(panel.modality), models.index(panel.model)]
+        at = models.index(panel.model)
+        ax = axes[modalities.index(panel.modality) * rows_per_modality + at // ncols, at % ncols]
+        ax.set_visible(True)
         point_class = [_ancestor_or_self(magic, g, color_level) for g in panel.groups]
         for c in dict.fromkeys(point_class):  # one scatter per class: hundreds of single-point calls are slow
             rows = [i for i, pc in enumerate(point_class) if pc == c]
             ax.scatter(panel.xy[rows, 0], panel.xy[rows, 1], s=36, marker=style[c][1], color=style[c][0],
                        edgecolors="white", linewidths=0.4)
-        for k in readable_labels(panel.xy, label_max):
-            ax.annotate(magic.nodes[panel.groups[k]].name, panel.xy[k], fontsize=6.5, alpha=0.8, xytext=(3, 2),
+        for k in readable_labels(panel.xy, label_max, width=0.28, height=0.075):  # boxes of 8.5 pt names
+            ax.annotate(magic.nodes[panel.groups[k]].name, panel.xy[k], fontsize=8.5, alpha=0.85, xytext=(3, 2),
                         textcoords="offset points", clip_on=True)
         ax.set_title(f"{panel.model}: {panel.modality} centroids\ntrustworthiness {panel.trust:.2f} "
-                     f"(k={panel.trust_k})", fontsize=10)
+                     f"(k={panel.trust_k})", fontsize=11)
         ax.margins(0.15)  # room for the names at the edges
         ax.set_xticks([])
         ax.set_yticks([])
     handles = [Line2D([], [], linestyle="", marker=style[c][1], color=style[c][0], label=magic.nodes[c].name)
                for c in classes]
     ncol = min(len(handles), 6)
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False,
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False,
                title=f"colour: l{color_level} ancestor")
     legend_rows = -(-len(handles) // ncol)
     fig.tight_layout(rect=(0, min(0.5, (0.5 + 0.25 * legend_rows) / fig.get_figheight()), 1, 1))
