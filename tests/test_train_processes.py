@@ -117,12 +117,16 @@ def test_two_nodes_train_the_weights_of_one_process(one_process, two_nodes):
 
 
 KERNEL = textwrap.dedent("""
+    import signal
     import sys
     from pathlib import Path
     from cglib.config import load_params
     from cglib.run import RunContext
     from cglib.train import train_runs
 
+    # Ctrl-C is KeyboardInterrupt here as in a kernel, even when the tests were started in the background
+    # (`make test &`), whose processes inherit SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     params_path, run_dir = sys.argv[1:]
     run = RunContext(params=load_params(params_path), dir=Path(run_dir), params_path=Path(params_path))
     try:
