@@ -37,7 +37,6 @@ from cglib.train import ZERO_SHOT, load_trained
 from cglib.train.objectives import objective_for
 from cglib.viz.attention import (
     choose_attention_images,
-    plot_attention_grid,
     plot_attention_heads,
     plot_attention_models,
     vision_transformer,
@@ -301,17 +300,6 @@ def umap_figure(vr: VizRun) -> Figure:
 def dual_effect_figure(vr: VizRun) -> Figure:
     """Measured dual effect: within-group spread vs between-centroid distance per model."""
     return plot_measured_dual_effect(vr.dual_effect, level=1)
-
-
-def attention_grid_figure(vr: VizRun, model: str) -> Figure:
-    """Rollout and text-conditioned maps (l1..l_max concept names) of the chosen test images, one model."""
-    bundle = vr.models()[model]
-    vision_transformer(bundle)  # a clear error for non-ViT towers before any work
-    ids = vr.attention_image_ids()
-    if not ids:
-        raise MissingInput("no test images to draw (viz.attention_images is 0 or the test split is empty)")
-    return plot_attention_grid(bundle, vr.pixels_of(ids), [vr.magic.chain_names(i) for i in ids], ids,
-                               title=f"{model}: attention rollout and text-conditioned maps")
 
 
 def geometry_figure(vr: VizRun, metric: str = "within") -> Figure:
