@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_summary(run_dir: Path, file=None) -> int:
     """Print the per-stage summary stored in run.json; returns the number of skipped or failed items."""
-    from cglib.pipeline import run_status, summary_lines  # lazy: numpy; keeps cglib --help light
+    from cglib.accounts import run_status, summary_lines  # lazy: numpy; keeps cglib --help light
 
     file = file or sys.stdout
     manifest = run_status(run_dir)
@@ -81,12 +81,8 @@ STATUS_EXIT = {"ok": 0, "failed": 1, "interrupted": 4, "running": 5}
 
 
 def _status(args: argparse.Namespace) -> int:
-    from cglib.pipeline import (  # lazy: numpy; keeps cglib --help light
-        resume_command,
-        run_status,
-        stage_summaries,
-        summary_lines,
-    )
+    from cglib.accounts import run_status, stage_summaries, summary_lines  # lazy: keeps cglib --help light
+    from cglib.pipeline import resume_command  # lazy: papermill; keeps cglib --help light
 
     run_dir = Path(args.run_dir)
     try:

@@ -347,9 +347,9 @@ def test_llm_accounting_adds_up_on_a_faulty_server(tmp_path, monkeypatch):
     sys.path.insert(0, str(REPO / "tests"))
     from fake_openai_server import FakeOpenAIServer
 
+    from cglib.accounts import stage_summaries, summary_lines
     from cglib.data.dataset import CaptionDataset
     from cglib.llm import run_abstraction
-    from cglib.pipeline import stage_summaries, summary_lines
 
     def data(n: int) -> CaptionDataset:
         caps = {f"img{i}": [f"a dog number {i} on a sofa"] for i in range(n)}

@@ -22,7 +22,7 @@ def lint_imports(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_layers_hold():
-    """import-linter keeps the contract: cli > report > pipeline > viz > search > evaluate > train > magic > llm >
+    """import-linter keeps the contract: cli > report > pipeline > accounts > viz > search > evaluate > train > magic > llm >
     data > models > ... > config, with only the params validation's plug-in loading as named exceptions."""
     done = lint_imports()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -5,7 +5,8 @@ Training: `python -m cglib.train` (the real CLI, a subprocess) on tiny_magic und
 (SIGKILL) in seed 1's second epoch, then run again: each run's account (steps and epochs kept from the
 checkpoint + trained now, steps repeated after the kill) adds up and matches the steps in its log.csv, and the
 image cache says it was built by the first attempt and reused by the second. The summary lines `cglib status`
-prints (`stage_summaries`, `summary_lines`) show the interrupted run, then each run's account. Generalized
+prints (`stage_summaries`, `summary_lines`) show the interrupted run, then each run's account; a third attempt,
+started after both finished, reuses them and says so. Generalized
 captions: capped, then resumed against the loopback OpenAI-compatible server; each account adds up and its
 requests are the server's own count.
 """
@@ -19,17 +20,18 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 from factories import tiny_magic
 
+from cglib.accounts import stage_summaries, summary_lines
 from cglib.config import Params
 from cglib.llm import GroupRequest, generalize_groups
 from cglib.llm.base import BudgetExceededError
 from cglib.magic.schema import save_magic
-from cglib.pipeline import stage_summaries, summary_lines
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer
@@ -92,6 +94,15 @@ def training(tmp_path_factory) -> dict:
     out["seed1"] = json.loads((run_dir / "training" / "seed1" / "clip" / "summary.json").read_text())
     out["log1"] = _log_rows(log1)
     out["stages"] = stage_summaries(run_dir)
+    # a third attempt, as a later `cglib run` starts it (run.json's `started`, written before notebook 05 trains):
+    # both runs are finished for these params and reused
+    time.sleep(1.1)  # the times have whole seconds
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    (run_dir / "run.json").write_text(json.dumps({"started": started, "status": "running"}))
+    third = _train(params, run_dir)
+    text = third.communicate(timeout=300)[0]
+    assert third.returncode == 0, text[-3000:]
+    out["reused"] = stage_summaries(run_dir)
     return out
 
 
@@ -139,6 +150,21 @@ def test_status_lines_show_the_interrupted_run_then_each_runs_account(training):
     assert training["stages"]["training"]["kept"] == 2 and "interrupted" not in training["stages"]["training"]
 
 
+def test_a_reused_run_says_so_instead_of_repeating_the_earlier_attempts_account(training):
+    """A later attempt that finds both runs trained for these params reuses them: the account names the attempt
+    that trained each (its finish time) and says nothing was trained now."""
+    runs = training["reused"]["training"]["runs"]
+    assert set(runs) == {"clip", "clip@seed1"}
+    for label, seed in (("clip", "seed0"), ("clip@seed1", "seed1")):
+        assert runs[label]["reused_from"] == training[seed]["provenance"]["created"]
+    lines = "\n".join(summary_lines(training["reused"]))
+    total = EPOCHS * training["per_epoch"]
+    assert (f"clip@seed1: reused, 0 steps trained now (its {total} steps and {EPOCHS} epochs were trained by an "
+            f"earlier attempt, finished {training['seed1']['provenance']['created']})") in lines
+    assert "kept from a checkpoint" not in lines  # no run claims steps trained by this attempt
+    assert "reused_from" not in training["stages"]["training"]["runs"]["clip"]  # no run.json then: not marked
+
+
 # ------------------------------------------------------------------------------ generalized captions (notebook 03)
 KEY_ENV = "CGLIB_TEST_STAGE_ACCOUNTS_KEY"
 
@@ -181,3 +207,21 @@ def test_generalized_captions_give_the_llm_account_and_its_terminal_line(tmp_pat
         assert done["adds_up"] and done["status"] == "complete" and done["cached"] == a["answered"]
         assert done["answered"] == 10 - a["answered"] and done["requests"]["http"] == server.total - start
         assert f"; {server.total - start} requests (" in "\n".join(summary_lines(stage_summaries(tmp_path)))
+
+
+@pytest.mark.slow
+def test_cglib_run_prints_the_generalized_captions_account_and_notebook_03_shows_it(small_run):
+    """`cglib run --only 01,02,03` (the session's shared run): run.json's summary holds the generalize stage with an
+    account that adds up over one request per image; executed notebook 03 prints the same line `cglib status`
+    prints."""
+    run = json.loads((small_run / "run.json").read_text())
+    stage = run["summary"]["generalize"]
+    a = stage["llm"]
+    magic = json.loads((small_run / "magic" / "stats.json").read_text())["stats"]
+    assert a["adds_up"] and a["status"] == "complete" and a["items"] == magic["generalization"]["requested"] > 0
+    assert a["answered"] + a["cached"] == a["items"] == stage["kept"]
+    line = next(x for x in summary_lines({"generalize": stage}) if "LLM:" in x).strip()
+    executed = json.loads((small_run / "notebooks" / "03_magic_dag.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code"
+                      for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert line in printed

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cglib.accounts import summary_lines
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import build_image_cache, cache_key, open_image_cache
 from cglib.models import images_to_pixels
@@ -93,6 +94,16 @@ def test_unreadable_images_are_skipped_with_counts(tmp_path):
         cache.row("never-seen")
     reopened = open_image_cache(ds, 16, tmp_path / "cache")
     assert reopened.image_ids == cache.image_ids and reopened.skipped == cache.skipped
+    # the cache's account: every image of the dataset is a row built now (then kept from that build) or a skip
+    reasons = {"corrupt or truncated image": 1, "image file missing": 1, "not an image": 1}
+    assert cache.account() == {"images": 7, "size": 16, "from_earlier_build": 0, "built_now": 4, "skipped": 3,
+                               "skipped_by_reason": reasons, "adds_up": True}
+    assert reopened.account() == {**cache.account(), "from_earlier_build": 4, "built_now": 0}
+    stage = {"kept": 0, "unit": "models trained", "skipped": {}, "failed": {}, "runs": {},
+             "image_cache": {"16px": reopened.account()}}
+    assert summary_lines({"training": stage})[1].strip() == (
+        "image cache 16px: 7 images = 4 from an earlier build + 0 built now + 3 skipped (corrupt or truncated "
+        "image: 1, image file missing: 1, not an image: 1)")
 
 
 def _file_dataset_dir(tmp_path):

@@ -1,0 +1,315 @@
+"""Run accounts: per stage, what it kept, skipped by reason and failed by reason, read from the files the stages
+write, with each stage's own account (the LLM stages', training's per run and seed with the image cache's, the
+search study's), and the terminal lines `cglib run` and `cglib status` print from them.
+
+Nothing here is derived by subtraction: every number is one a stage recorded, and a stage whose files come from
+another attempt (an earlier run, a reused trained run) is named as such instead of being added to this attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cglib.run import runner_gone
+
+
+def _read_json(path: Path) -> dict | None:
+    """A stage's JSON file, or None when the stage has not written it (or it is unreadable)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _counts(mapping: dict | None) -> dict[str, int]:
+    """reason -> count, dropping zeros."""
+    return {str(k): int(v) for k, v in (mapping or {}).items() if isinstance(v, (int, float)) and v}
+
+
+def _merge(*mappings: dict[str, int]) -> dict[str, int]:
+    total: Counter = Counter()
+    for m in mappings:
+        total.update(m)
+    return dict(sorted(total.items()))
+
+
+def _mtime(*paths: Path) -> float | None:
+    """The newest modification time of the paths that exist (None: none does)."""
+    times = [p.stat().st_mtime for p in paths if p.is_file()]
+    return max(times) if times else None
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds")
+
+
+def _before(earlier: str, later: str) -> bool:
+    """ISO times compared as instants (run.json and summaries write them with their UTC offset)."""
+    return datetime.fromisoformat(earlier) < datetime.fromisoformat(later)
+
+
+def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
+    """The abstraction stage: this attempt's account as the engine recorded it, and the files on disk that an
+    earlier attempt wrote (named with that attempt's time and status, never added to this one's account)."""
+    from cglib.llm.engine import CHAINS_FILE, load_attempts  # lazy: the engine pulls in every backend
+
+    out = {"kept": summary.get("chains"), "unit": "images with a full chain", "skipped": {},
+           "failed": _counts(summary.get("failed_images_by_reason")), "llm": summary.get("account"),
+           "cache_rebuilt": summary.get("cache_rebuilt"), "attempt": summary.get("attempt")}
+    if summary.get("status") not in (None, "complete"):
+        out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
+        out["resume"] = resume and f"{resume} --from 02"
+    chains = run_dir / "abstraction" / CHAINS_FILE
+    attempt = summary.get("attempt") or {}
+    if chains.is_file() and attempt and not attempt.get("chains_written"):
+        writers = [a for a in load_attempts(run_dir / "abstraction") if a.get("chains_written")]
+        if writers:
+            w = writers[-1]
+            out["other_files"] = {CHAINS_FILE: {"started": w.get("started"), "status": w.get("status"),
+                                                "chains": w.get("chains")}}
+        else:  # written by a cglib that recorded no attempts
+            out["other_files"] = {CHAINS_FILE: {"started": _iso(chains.stat().st_mtime), "status": "unknown",
+                                                "chains": None}}
+    return out
+
+
+def _generalize(summary: dict, resume: str | None) -> dict:
+    """Notebook 03's generalized captions: the LLM account of its last attempt (the same as the chains'). Units
+    whose requests failed keep their original captions and are counted by the magic stage, so only a stop is a
+    loss here."""
+    account = summary.get("account")
+    out = {"kept": summary.get("ok", 0), "unit": "generalized-caption requests answered (generalized.jsonl)", "skipped": {}, "failed": {},
+           "llm": account}
+    if summary.get("status") not in (None, "complete"):
+        out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
+        out["resume"] = resume and f"{resume} --from 03"
+    return out
+
+
+def _training(run_dir: Path, summaries: list[Path], resume: str | None, attempt_started: str | None) -> dict:
+    """Per run and training seed, the account of the attempt that finished it (steps and epochs kept from a
+    checkpoint, trained now, repeated after a kill), the image cache's account, and the runs an interrupted
+    attempt left with a checkpoint and no final weights (still to resume). A run finished before this attempt
+    started (`attempt_started`, run.json's `started`) was reused with its weights: its account gets `reused_from`,
+    the time the earlier attempt finished it, and nothing of it was trained now."""
+    from cglib.run import seed_label  # lazy: numpy, only when a run has trained
+
+    runs: dict[str, dict] = {}
+    caches: dict[str, dict] = {}
+    for path in summaries:
+        s = _read_json(path)
+        if not s:
+            continue
+        label = seed_label(s.get("name", path.parent.name), int(s.get("training_seed") or 0))
+        runs[label] = dict(s.get("account") or {})
+        finished = (s.get("provenance") or {}).get("created")
+        if runs[label] and finished and attempt_started and _before(finished, attempt_started):
+            runs[label]["reused_from"] = finished
+        cache = (s.get("image_cache") or {}).get("account")
+        if cache:  # one cache per image size, shared by the runs of a seed: the last summary's word
+            caches[f"{cache['size']}px"] = cache
+    waiting = sorted(str(p.parent.parent.relative_to(run_dir / "training"))
+                     for p in (run_dir / "training").glob("**/checkpoints/last.pt")
+                     if not (p.parent.parent / "summary.json").is_file())
+    skipped = _merge(*(_counts(c["skipped_by_reason"]) for c in caches.values()))
+    out = {"kept": len(runs), "unit": "models trained (every training seed)",
+           "skipped": {f"image cache: {k}": v for k, v in skipped.items()}, "failed": {}, "runs": runs,
+           "image_cache": caches}
+    if waiting:
+        out["failed"] = {"interrupted, a checkpoint waits": len(waiting)}
+        out["interrupted"] = waiting
+        out["resume"] = resume and f"{resume} --from 05"
+    return out
+
+
+def _search(summary: dict) -> dict:
+    """The search study's account, read from its database when `cglib search` ended (search.json)."""
+    account = summary.get("account") or {}
+    return {"kept": account.get("finished"), "unit": f"finished trials of study {summary.get('study')}",
+            "skipped": {}, "failed": {}, "trials": account}
+
+
+def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]:
+    """Per stage that has run: what it kept, skipped by reason and failed by reason, read from the files the
+    stages write (captions/summary.json, abstraction/summary.json and generalize_summary.json, magic/stats.json,
+    training/*/summary.json, evaluation/results.json, search/*/search.json), with each stage's account (the LLM
+    stages', training's per run and seed with the image cache's, the search study's). A stage whose files are
+    older than an earlier stage's last run is marked `earlier_run` (its numbers come from another run).
+    `resume`: the command (without --from) that resumes a stopped stage."""
+    run_dir = Path(run_dir)
+    out: dict[str, dict] = {}
+    ran_at: dict[str, float] = {}  # when each stage last ran (its files' time)
+    captions = _read_json(run_dir / "captions" / "summary.json")
+    if captions:
+        stats = captions.get("statistics") or {}
+        out["captions"] = {"kept": stats.get("images"), "unit": "images", "skipped": _counts(stats.get("skipped")),
+                           "failed": {}}
+        ran_at["captions"] = _mtime(run_dir / "captions" / "summary.json")
+    abstraction = _read_json(run_dir / "abstraction" / "summary.json")
+    if abstraction:
+        out["abstraction"] = _abstraction(run_dir, abstraction, resume)
+        started = (abstraction.get("attempt") or {}).get("started")
+        ran_at["abstraction"] = (datetime.fromisoformat(started).timestamp() if started
+                                 else _mtime(run_dir / "abstraction" / "summary.json"))
+    generalize = _read_json(run_dir / "abstraction" / "generalize_summary.json")
+    if generalize and generalize.get("account"):
+        out["generalize"] = _generalize(generalize, resume)
+        ran_at["generalize"] = _mtime(run_dir / "abstraction" / "generalize_summary.json")
+    magic = (_read_json(run_dir / "magic" / "stats.json") or {}).get("stats")
+    if magic:
+        generalization = magic.get("generalization") or {}
+        removed = {"removed with a group below magic.size_min": magic.get("removed_images", 0)}
+        out["magic"] = {"kept": magic.get("images"), "unit": "images in the DAG",
+                        "skipped": _merge(_counts(magic.get("skipped_before_dag")), _counts(removed)),
+                        "failed": {f"generalization (original captions kept): {k}": v
+                                   for k, v in _counts(generalization.get("failure_reasons")).items()}}
+        ran_at["magic"] = _mtime(run_dir / "magic" / "stats.json")
+    summaries = sorted((run_dir / "training").glob("*/summary.json")) + sorted(
+        (run_dir / "training").glob("seed*/*/summary.json"))  # training seed 0, then seeds k > 0
+    if summaries or list((run_dir / "training").glob("**/checkpoints/last.pt")):
+        attempt_started = (_read_json(run_dir / "run.json") or {}).get("started")  # this `cglib run`'s start
+        out["training"] = _training(run_dir, summaries, resume, attempt_started)
+        ran_at["training"] = _mtime(*summaries)
+    results = _read_json(run_dir / "evaluation" / "results.json")
+    if results:
+        info = results.get("info", results)
+        items = info.get("items") or {}
+        hierarcaps = info.get("hierarcaps") or {}
+        out["evaluation"] = {"kept": items.get("n_test_images"), "unit": "test images",
+                             "skipped": _merge(_counts(items.get("skipped_images")),
+                                               {f"hierarcaps: {k}": v for k, v in _counts(hierarcaps.get("skipped")).items()}),
+                             "failed": {}}
+        ran_at["evaluation"] = _mtime(run_dir / "evaluation" / "results.json")
+    for path in sorted((run_dir / "search").glob("*/search.json")):
+        study = _read_json(path)
+        if study and study.get("account"):
+            out[f"search {path.parent.name}"] = _search(study)
+    stages = list(ran_at)
+    for k, stage in enumerate(stages):  # a stage older than one it builds on is another run's result
+        newer = [up for up in stages[:k] if ran_at[up] is not None and ran_at[stage] is not None
+                 and ran_at[up] > ran_at[stage]]
+        if newer:
+            up = newer[-1]
+            out[stage]["earlier_run"] = {"written": _iso(ran_at[stage]), "before": up, "before_ran": _iso(ran_at[up])}
+    return out
+
+
+def stage_lines(run_dir: Path, stage: str) -> list[str]:
+    """The terminal lines of one stage of the run in `run_dir`, as `cglib status` prints them (none when the stage
+    has not run): what a notebook shows of its own stage's account."""
+    stages = stage_summaries(run_dir)
+    return summary_lines({stage: stages[stage]}) if stage in stages else []
+
+
+def _llm_lines(s: dict) -> list[str]:
+    """The LLM stage's account, its stop, its rebuilt cache and the files another attempt left."""
+    pad = " " * 15
+    lines = []
+    a = s.get("llm")
+    if a is None:
+        return [pad + "LLM: no account (summary.json written by an older cglib; run the stage again)"]
+    failed = ", ".join(f"{k}: {v}" for k, v in a["failed_by_reason"].items())
+    retries = ", ".join(f"{k}: {v}" for k, v in a["requests"]["retries_by_reason"].items())
+    cost = a["cost_usd"]
+    line = (f"{pad}LLM: {a['items']} items = {a['cached']} cached + {a['cached_failures']} cached failures + "
+            f"{a['answered']} answered + {a['failed']} failed" + (f" ({failed})" if failed else "")
+            + f" + {a['never_asked']} never asked + {a['not_needed']} not needed after a failed level"
+            + ("" if a["adds_up"] else " (DOES NOT ADD UP)")
+            + f"; {a['requests']['http']} requests ({a['requests']['retries']} retries"
+            + (f": {retries}" if retries else "") + f"); ${cost['spent']:.4f} spent"
+            + (f" (estimated ${cost['estimated']:.4f})" if cost["estimated"] is not None else ""))
+    lines.append(line)
+    if a["status"] != "complete":
+        cached = a["cached"] + a["cached_failures"]
+        asked = cached + a["answered"] + a["failed"]
+        lines.append(f"{pad}stopped ({a['stopped_by']}): {asked} of {a['items']} asked ({cached} from the cache), "
+                     f"{a['never_asked']} never asked, ${cost['spent']:.4f} spent"
+                     + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
+    if s.get("cache_rebuilt"):
+        from cglib.llm.cache import rebuilt_message  # lazy: only a run whose cache was rebuilt needs it
+
+        lines.append(f"{pad}cache rebuilt: {rebuilt_message(s['cache_rebuilt'])}")
+    for name, w in (s.get("other_files") or {}).items():
+        chains = f", {w['chains']} chains" if w.get("chains") is not None else ""
+        lines.append(f"{pad}{name} on disk is from another attempt (started {w['started']}, {w['status']}{chains}); "
+                     "not part of this attempt's account")
+    return lines
+
+
+def summary_lines(stages: dict[str, dict]) -> list[str]:
+    """Terminal lines per stage: kept, skipped by reason, failed by reason; for the LLM stage its account; a
+    stage whose files come from an earlier run says so."""
+    def reasons(counts: dict[str, int]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in counts.items()) if counts else ""
+
+    lines = []
+    for stage, s in stages.items():
+        skipped, failed = sum(s["skipped"].values()), sum(s["failed"].values())
+        line = f"  {stage:12s} kept {s['kept']} {s['unit']}; skipped {skipped}"
+        line += f" ({reasons(s['skipped'])})" if skipped else ""
+        line += f"; failed {failed}" + (f" ({reasons(s['failed'])})" if failed else "")
+        earlier = s.get("earlier_run")
+        if earlier:
+            line += (f" [from an earlier run: written {earlier['written']}, before {earlier['before']} ran again "
+                     f"at {earlier['before_ran']}]")
+        lines.append(line)
+        if stage in ("abstraction", "generalize"):
+            lines += _llm_lines(s)
+        elif stage == "training":
+            lines += _training_lines(s)
+        elif stage.startswith("search "):
+            from cglib.search.study import account_line  # lazy: optuna, only for a run that searched
+
+            lines.append(" " * 15 + account_line(s["trials"]))
+    return lines
+
+
+def _training_lines(s: dict) -> list[str]:
+    """Per run and training seed, steps and epochs kept from a checkpoint plus trained now (and repeated after a
+    kill); per image size, the image cache's account; the runs still waiting on a checkpoint."""
+    pad = " " * 15
+    lines = []
+    for label, a in s["runs"].items():
+        if not a:
+            lines.append(f"{pad}{label}: no account (summary.json written by an older cglib; train it again)")
+            continue
+        steps, epochs = a["steps"], a["epochs"]
+        if a.get("reused_from"):
+            lines.append(f"{pad}{label}: reused, 0 steps trained now (its {steps['total']} steps and "
+                         f"{epochs['total']} epochs were trained by an earlier attempt, finished {a['reused_from']})")
+            continue
+        lines.append(f"{pad}{label}: {steps['total']} steps = {steps['kept']} kept from a checkpoint + "
+                     f"{steps['trained_now']} trained now ({steps['repeated']} of them repeated after an "
+                     f"interruption); {epochs['total']} epochs = {epochs['kept']} kept + {epochs['trained_now']} "
+                     "trained now" + ("" if a["adds_up"] else " (DOES NOT ADD UP)"))
+    for size, c in s["image_cache"].items():
+        reasons = ", ".join(f"{k}: {v}" for k, v in c["skipped_by_reason"].items())
+        lines.append(f"{pad}image cache {size}: {c['images']} images = {c['from_earlier_build']} from an earlier "
+                     f"build + {c['built_now']} built now + {c['skipped']} skipped" + (f" ({reasons})" if reasons
+                                                                                       else "")
+                     + ("" if c["adds_up"] else " (DOES NOT ADD UP)"))
+    for label in s.get("interrupted", []):
+        lines.append(f"{pad}{label}: interrupted, its checkpoint waits"
+                     + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
+    return lines
+
+
+def losses(stages: dict[str, dict]) -> int:
+    """Items skipped or failed over all stages (what --strict turns into a non-zero exit)."""
+    return sum(sum(s["skipped"].values()) + sum(s["failed"].values()) for s in stages.values())
+
+
+def run_status(run_dir: Path) -> dict:
+    """run.json with its status as of now: a "running" run whose runner PID is gone on this host is
+    "interrupted" (another host's run cannot be checked and stays "running")."""
+    manifest = _read_json(Path(run_dir) / "run.json")
+    if manifest is None:
+        raise FileNotFoundError(f"{Path(run_dir) / 'run.json'} not found or unreadable: not a run directory "
+                                "(pass outputs/<run> of a `cglib run`)")
+    if manifest.get("status") == "running" and runner_gone(manifest.get("runner") or {}):
+        manifest["status"] = "interrupted"
+    return manifest
