@@ -12,7 +12,7 @@ import pytest
 
 from cglib.config import ParamsError, parse_params
 from cglib.evaluate import evaluate_run
-from cglib.evaluate.benchmarks import BUILT_IN
+from cglib.evaluate.benchmarks import BUILT_IN, other_benchmarks
 from tests.test_eval_pipeline import make_run
 
 # An outside benchmark: how far each test image's embedding is from the mean image embedding (a per-image value,
@@ -82,6 +82,16 @@ def test_an_outside_benchmark_is_scored_like_a_built_in_one(tmp_path, outside_mo
     assert saved["spread"] == {"n_images": 12} and saved["items"]["spread_images"] == 12
     assert saved["protocol"]["spread"].startswith("cosine of each test image")
     assert saved["hierarcaps"] is None  # a built-in benchmark that is off still has its (empty) entry
+    # notebook 06's "other benchmarks": the scored ones with their tables (a plug-in's by default: models x levels
+    # per metric), then the ones left off with the switch that turns each on
+    shown, off = other_benchmarks(run.params, result)
+    assert [title for title, _ in shown] == ["Clustering: do concepts form clusters?", "spread"]
+    (caption, table), = dict(shown)["spread"]
+    assert caption == "cosine_to_mean (images, -)" and list(table.index) == list(result.models)
+    assert len(dict(shown)["Clustering: do concepts form clusters?"]) == 3
+    assert off == [("Keyword permutation: does the model read the words?: off (eval.keyword_permutation: true; "
+                   "params/related.yaml turns it on)"),
+                   "HierarCaps: off (eval.hierarcaps: true; params/hierarcaps.yaml is the real-data profile)"]
 
 
 def test_a_bad_plug_in_path_names_the_fix(tmp_path, outside_module):

@@ -9,7 +9,7 @@ import pandas as pd
 
 from cglib.config.evaluation import EvalParams
 from cglib.evaluate import report
-from cglib.evaluate.floor import base_origin, chance_floor
+from cglib.evaluate.floor import base_origin, chance_floor, floor_message
 from cglib.report import build_report
 
 
@@ -59,3 +59,31 @@ def test_report_says_it_first_and_names_the_base(tmp_path):
     assert index.index("Read this first") < index.index("Table 3") and "600 images" in index
     base_metrics(0.87, 0.86).to_csv(run / "evaluation" / "metrics.csv", index=False)
     assert "Read this first" not in build_report(run).index.read_text(encoding="utf-8")
+
+
+def test_notebook_05_scores_the_base_alone_and_notebook_06_reuses_its_embeddings(tmp_path):
+    """`evaluate_base` (notebook 05, before fine-tuning): the zero-shot rows alone in evaluation/base/, the floor's
+    message read from them; `evaluate_run` later reads the base's cached embeddings (file untouched) and gives the
+    zero-shot model the same numbers."""
+    from test_eval_pipeline import make_run
+
+    from cglib.evaluate import evaluate_base, evaluate_run
+    from cglib.train import ensure_initial
+
+    run = make_run(tmp_path, runs=[])
+    ensure_initial(run)
+    base = evaluate_base(run, progress=False)
+    assert (run.dir / "evaluation" / "base" / "metrics.csv").is_file()
+    assert not (run.dir / "evaluation" / "metrics.csv").exists()  # notebook 06's results are not written yet
+    assert set(base.metrics["model"]) == {"zero-shot"}
+    floor = chance_floor(base.metrics, 15.0)
+    value, _chance = floor.columns["MAGIC captions"]
+    message = floor_message(base.metrics, 15.0, run.dir)
+    assert message == floor.message(base_origin(run.dir)) and f"{value:.1f}% on MAGIC captions" in message
+    cache = run.dir / "evaluation" / "embeddings" / "zero-shot.magic.npz"
+    stamp = cache.stat().st_mtime_ns
+    full = evaluate_run(run, progress=False)
+    assert cache.stat().st_mtime_ns == stamp
+    keys = ["benchmark", "labels", "direction", "metric", "level"]
+    pd.testing.assert_frame_equal(base.metrics.set_index(keys)[["value", "n"]],
+                                  full.metrics.query("model == 'zero-shot'").set_index(keys)[["value", "n"]])

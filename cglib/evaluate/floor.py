@@ -4,7 +4,8 @@ anything about the objectives?
 A base that can hardly match an image with its own caption gives fine-tuning nothing to build on: the rows
 then differ by noise around chance, whatever the objective. With `params/hierarcaps.yaml` the base scores 60% and
 59% in a 2-way choice (chance 50%) and every fine-tune scores below it. `chance_floor` reads the saved metrics;
-notebook 06 and `cglib report` put its message first.
+notebook 05 shows `floor_message` as soon as the base is trained (`evaluate_base`), and notebook 06 and
+`cglib report` put it first.
 """
 
 from __future__ import annotations
@@ -76,3 +77,9 @@ def base_origin(run_dir: str | Path) -> str:
     return (f"the base is a model trained from scratch by notebook 05 with the CLIP loss on {base['images']} "
             f"images of a {base['corpus']} corpus ({base['captions']} captions, {base['epochs']} epochs), and its "
             "caption accuracy says that was too little") if {"images", "corpus", "captions", "epochs"} <= set(base) else ""
+
+
+def floor_message(metrics: pd.DataFrame, margin: float, run_dir: str | Path) -> str:
+    """The floor's message (markdown) for the zero-shot rows of `metrics`, with where the run's base came from."""
+    floor = chance_floor(metrics, margin)
+    return floor.message(base_origin(run_dir)) if floor else "no caption column scored for the zero-shot model"

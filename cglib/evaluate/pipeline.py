@@ -73,7 +73,7 @@ from cglib.evaluate.loading import (
 )
 from cglib.evaluate.protocols import protocol_changes
 from cglib.evaluate.reading import read_results
-from cglib.evaluate.results import MODELS_DIR, EvalResults, write_results
+from cglib.evaluate.results import BASE_DIR, MODELS_DIR, EvalResults, write_results
 from cglib.evaluate.retrieval import set_faiss_threads
 from cglib.evaluate.summary import UNCERTAINTY_PROTOCOL, paired_seeds, seed_values, summarize
 from cglib.evaluate.table3 import table3
@@ -157,6 +157,13 @@ def evaluate_run(run: RunContext, progress: bool = True,
     are built from their spec (`cglib.models.build_model`), and one that cannot be loaded is skipped.
     """
     return _evaluate(run, _model_info(run), run.stage("evaluation"), progress, loader)
+
+
+def evaluate_base(run: RunContext, progress: bool = True) -> EvalResults:
+    """The zero-shot model alone (the base every run starts from, under every training seed) on notebook 06's
+    items, written to `evaluation/base/`: notebook 05's look at the base before anything is fine-tuned from it.
+    Its embeddings go to the run's cache, so `evaluate_run` reads them instead of embedding the base again."""
+    return _evaluate(run, [zero_shot_info()], run.stage("evaluation") / BASE_DIR, progress, None)
 
 
 def evaluate_model(run: RunContext, spec: ModelParams, name: str | None = None, progress: bool = True,

@@ -28,6 +28,7 @@ DIFFERENCES_FILE = "differences.csv"
 SCORES_FILE = "scores.npz"
 GAINS_FILE = "gains.csv"
 MODELS_DIR = "models"  # evaluate_model's results: evaluation/models/<NAME>/
+BASE_DIR = "base"  # evaluate_base's results (notebook 05): evaluation/base/
 SEEDS_FILE = "seeds.csv"
 PUBLISHED_CSV, PUBLISHED_MD = "table3_as_published.csv", "table3_as_published.md"
 CHANGES_CSV = "protocol_changes.csv"

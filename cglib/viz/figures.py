@@ -24,7 +24,7 @@ from cglib.config import Params, load_params
 from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.data.image_cache import build_image_cache
 from cglib.data.taxonomy import load_taxonomy
-from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
+from cglib.evaluate.embeddings import Embeddings, EmbeddingStore, pixel_fingerprint
 from cglib.evaluate.geometry import geometry_differences, group_geometry
 from cglib.evaluate.loading import model_fingerprints
 from cglib.evaluate.questions import QUESTIONS
@@ -189,37 +189,71 @@ class VizRun:
         return out
 
     def _from_evaluation_cache(self, name: str, bundle: ClipModel) -> GroupEmbeddings | None:
-        """The model's embeddings from evaluation's cache when it holds exactly our test images and all our texts
-        (its keys still verify the weights, ids, pixels and strings); None otherwise."""
-        store = EmbeddingStore(self.dir / "evaluation" / "embeddings", batch_size=self.params.eval.batch_size)
-        label = seed_label(name, self.training_seed)  # evaluation's cache name for this seed
+        """The model's embeddings from evaluation's cache when it holds exactly our test images and all our texts;
+        None otherwise."""
+        needed, groups = group_texts(self.magic, self.test_ids, self.params.viz.umap_texts)
+        emb = self._evaluation_embeddings(name, self.training_seed, lambda: bundle, needed)
+        if emb is None:
+            return None
+        label = seed_label(name, self.training_seed)
+        self.embedding_sources[name] = "evaluation cache" if not self._evaluation_store.computed[
+            f"{label}.magic"] else "computed"
+        return GroupEmbeddings(model=name, images=emb.images, image_groups=[self.magic.images[i].node for i in
+                                                                            emb.image_ids],
+                               texts=emb.text(needed), text_groups=groups, image_ids=list(emb.image_ids))
+
+    @cached_property
+    def _evaluation_store(self) -> EmbeddingStore:
+        return EmbeddingStore(self.dir / "evaluation" / "embeddings", batch_size=self.params.eval.batch_size)
+
+    def _evaluation_embeddings(self, name: str, seed: int, load: Callable[[], ClipModel],
+                               texts: Sequence[str] = ()) -> Embeddings | None:
+        """Model `name`'s embeddings under training seed `seed` from evaluation's cache when it holds exactly our
+        test images and `texts`; None otherwise. The cache's keys still verify the weights, ids, pixels and strings:
+        evaluation's own ids, strings and tower fingerprints give evaluation's own keys, so a valid entry is read as
+        is and a stale one is recomputed (with `load`) into exactly what evaluation itself would write."""
+        store = self._evaluation_store
+        label = seed_label(name, seed)  # evaluation's cache name for this seed
         path = store.path(label, "magic")
         if not path.is_file():
             return None
         try:
             with np.load(path, allow_pickle=False) as cached:
-                ids, texts = cached["image_ids"].tolist(), cached["texts"].tolist()
+                ids, cached_texts = cached["image_ids"].tolist(), cached["texts"].tolist()
         except (OSError, KeyError, ValueError):
             return None
-        needed, groups = group_texts(self.magic, self.test_ids, self.params.viz.umap_texts)
-        if ids != self.test_ids or not set(needed) <= set(texts):
+        if ids != self.test_ids or not set(texts) <= set(cached_texts):
             return None
-        # Evaluation's own ids, strings and tower fingerprints give evaluation's own keys: a valid cache is read
-        # as is; a stale one is recomputed into exactly what evaluation itself would write (no key thrashing).
-        fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name, self.training_seed)
+        fingerprints = model_fingerprints(RunContext(params=self.params, dir=self.dir), name, seed)
         if fingerprints is None:
             return None
-        emb = store.embed(label, "magic", lambda: bundle, ids, self._image_source, lambda: self.test_pixels, texts,
-                          fingerprints)
-        self.embedding_sources[name] = "evaluation cache" if not store.computed[f"{label}.magic"] else "computed"
-        return GroupEmbeddings(model=name, images=emb.images, image_groups=[self.magic.images[i].node for i in ids],
-                               texts=emb.text(needed), text_groups=groups, image_ids=ids)
+        return store.embed(label, "magic", load, ids, self._image_source, lambda: self.test_pixels, cached_texts,
+                           fingerprints)
+
+    def seed_images(self, name: str) -> list[np.ndarray]:
+        """Test-image embeddings of model `name` under every training seed evaluation embedded it with (the first
+        seed's always; a later seed's when evaluation's cache holds it)."""
+        out = [next(e.images for e in self.embeddings if e.model == name)]
+        for k in self.params.train.seeds[1:]:
+            emb = self._evaluation_embeddings(name, k, lambda k=k: load_trained(self.params, self.dir, name,
+                                                                                device=self.device, seed=k))
+            if emb is None:
+                break
+            out.append(emb.images)
+        return out
+
+    def _metrics(self) -> pd.DataFrame | None:
+        path = self.dir / "evaluation" / "metrics.csv"
+        return pd.read_csv(path, dtype={"level": str}) if path.is_file() else None
 
     def compared_models(self) -> list[str]:
         """The models the UMAP and attention comparisons show (`compared_models`), among those with a checkpoint."""
-        path = self.dir / "evaluation" / "metrics.csv"
-        metrics = pd.read_csv(path, dtype={"level": str}) if path.is_file() else None
-        return compared_models(self.params, list(self.models()), metrics)
+        return compared_models(self.params, list(self.models()), self._metrics())
+
+    def heads_model(self) -> str:
+        """The model whose attention heads notebook 07 and `cglib figures` draw: the last of the compared models (by
+        default the best group objective), chosen among the params' models (no checkpoint is loaded to name it)."""
+        return compared_models(self.params, self.model_names, self._metrics())[-1]
 
     @cached_property
     def umap_panels(self) -> list[UmapPanel]:
@@ -233,19 +267,27 @@ class VizRun:
     @cached_property
     def geometry(self) -> pd.DataFrame:
         """Every model minus the zero-shot model in within-group cosine and hard-negative margin of the test images,
-        per level, against the DAG and (synthetic world) the ground truth (`cglib.evaluate.geometry`)."""
+        per level, against the DAG and (synthetic world) the ground truth (`cglib.evaluate.geometry`). With several
+        training seeds each image's value is its mean over the seeds every model has embeddings of (seed k against
+        seed k, as Fig. 4), and the CIs resample the images."""
         truth = load_ground_truth(self.dir / "captions")
+        images = {e.model: self.seed_images(e.model) for e in self.embeddings}
+        n_seeds = min(len(v) for v in images.values())
         per_image = {}
         for emb in self.embeddings:
             for level in range(1, self.magic.l_max + 1):
                 groups = [_ancestor_or_self(self.magic, g, level) for g in emb.image_groups]
                 negatives = {g: self.magic.nodes[g].hard_negatives for g in set(groups)}
-                per_image[(emb.model, "dag", f"l{level}")] = group_geometry(emb.images, groups, negatives)
+                per_image[(emb.model, "dag", f"l{level}")] = _seed_mean(
+                    [group_geometry(x, groups, negatives) for x in images[emb.model][:n_seeds]])
                 if truth and all(len(truth.get(i, ())) >= level for i in emb.image_ids):
-                    per_image[(emb.model, "ground_truth", f"l{level}")] = group_geometry(
-                        emb.images, [truth[i][level - 1] for i in emb.image_ids])
+                    named = [truth[i][level - 1] for i in emb.image_ids]
+                    per_image[(emb.model, "ground_truth", f"l{level}")] = _seed_mean(
+                        [group_geometry(x, named) for x in images[emb.model][:n_seeds]])
         e = self.params.eval
-        return geometry_differences(per_image, resamples=e.bootstrap or 1000, ci=e.ci, seed=self.params.run.seed)
+        table = geometry_differences(per_image, resamples=e.bootstrap or 1000, ci=e.ci, seed=self.params.run.seed)
+        table["n_seeds"] = n_seeds
+        return table
 
     @cached_property
     def dual_effect(self) -> pd.DataFrame:
@@ -261,6 +303,12 @@ class VizRun:
         """Save a figure under `figures/` in `viz.formats` at `viz.dpi`."""
         return save_figure(fig, self.dir / "figures", stem, formats=formats or self.params.viz.formats,
                            dpi=self.params.viz.dpi)
+
+
+def _seed_mean(per_seed: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """group_geometry's per-image values averaged over training seeds (NaN where a value is undefined: the same
+    images in every seed, since the groups are the same)."""
+    return {metric: np.mean([values[metric] for values in per_seed], axis=0) for metric in per_seed[0]}
 
 
 def compared_models(params: Params, available: Sequence[str], metrics: pd.DataFrame | None = None) -> list[str]:
@@ -311,7 +359,12 @@ def geometry_figure(vr: VizRun, metric: str = "within") -> Figure:
     return plot_difference_from_reference(
         table, benchmark="geometry", metric=metric, direction="image", families=model_families(models),
         ci=vr.params.eval.ci, title=f"What the objectives did to the geometry: {what[metric]}, each model minus "
-        f"zero-shot (training seed {vr.training_seed}; paired {100 * vr.params.eval.ci:.0f}% CI over the images)")
+        f"zero-shot ({_seeds_phrase(table)}paired {100 * vr.params.eval.ci:.0f}% CI over the images)")
+
+
+def _seeds_phrase(table: pd.DataFrame) -> str:
+    n = int(table["n_seeds"].iloc[0]) if len(table) else 1
+    return f"mean over {n} training seeds, seed k against seed k; " if n > 1 else ""
 
 
 def attention_models_figure(vr: VizRun, level: int = 1) -> Figure:
@@ -454,9 +507,8 @@ def figure_jobs(vr: VizRun) -> list[tuple[str, Callable[[], Figure]]]:
         (STEMS["search_history"], lambda: search_history_figure(vr)),
         (STEMS["search_importances"], lambda: search_importances_figure(vr)),
     ]
-    for name in vr.model_names:
-        jobs.append((STEMS["attention_heads"].format(model=name),
-                     lambda name=name: _for_model(vr, name, attention_heads_figure)))
+    focus = vr.heads_model()
+    jobs.append((STEMS["attention_heads"].format(model=focus), lambda: _for_model(vr, focus, attention_heads_figure)))
     return jobs
 
 

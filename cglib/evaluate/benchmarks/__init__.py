@@ -13,7 +13,10 @@ from cglib.evaluate.benchmarks.keyword_permutation import KeywordPermutation
 from cglib.plugins import load_plugin
 
 __all__ = ["BUILT_IN", "Benchmark", "EvalContext", "ImageSet", "Key", "Scored", "benchmarks_for", "image_vectors",
-           "load_benchmark"]
+           "load_benchmark", "other_benchmarks"]
+
+# the benchmarks notebook 06 gives sections of their own (Table 3, Fig. 4, gallery, COCO, Appendix A)
+OWN_SECTIONS = ("forced_choice", "gallery", "coco", "forced_choice_published")
 
 BUILT_IN: tuple[type[Benchmark], ...] = (ForcedChoice, Gallery, CocoCaptions, Clustering, KeywordPermutation,
                                          HierarCaps, ForcedChoicePublished)
@@ -34,3 +37,19 @@ def load_benchmark(path: str) -> type[Benchmark]:
 def benchmarks_for(params) -> list[Benchmark]:
     """Every benchmark a run knows, on or off: the built-in ones, then eval.benchmarks in their order."""
     return [cls() for cls in BUILT_IN] + [load_benchmark(path)() for path in params.eval.benchmarks]
+
+
+def other_benchmarks(params, results) -> tuple[list[tuple[str, list[tuple[str, object]]]], list[str]]:
+    """Notebook 06's "other benchmarks": (title, its (caption, table) pairs) for every benchmark this run scored
+    beyond those with sections of their own, plug-ins included; and, for each one the run leaves off, a line naming
+    the switch that turns it on."""
+    scored = set(results.metrics["benchmark"])
+    shown, off = [], []
+    for benchmark in benchmarks_for(params):
+        if benchmark.name in OWN_SECTIONS:
+            continue
+        if benchmark.enabled(params) and benchmark.name in scored:
+            shown.append((benchmark.title or benchmark.name, benchmark.tables(results)))
+        elif not benchmark.enabled(params):
+            off.append(f"{benchmark.title or benchmark.name}: off ({benchmark.switch or 'list it in eval.benchmarks'})")
+    return shown, off

@@ -87,10 +87,21 @@ class Benchmark:
     name: str = ""
     protocol: str = ""
     absent: ClassVar[dict[str, None]] = {}
+    title: str = ""  # its heading in notebook 06's "other benchmarks" section (default: `name`)
+    switch: str = ""  # how a run turns it on, said where a run leaves it off
 
     def enabled(self, params) -> bool:
         """Whether this run scores it (built-ins: their eval.* switch; a plug-in listed in eval.benchmarks: yes)."""
         return True
+
+    def tables(self, results: Any) -> list[tuple[str, Any]]:
+        """What notebook 06 shows of it under "other benchmarks", as (caption, table) pairs read from `results`
+        (the run's `EvalResults`). Default: one table of models x levels (mean [CI]) per labels, direction and
+        metric of its rows."""
+        rows = results.metrics[results.metrics["benchmark"] == self.name]
+        kinds = rows[["labels", "direction", "metric"]].drop_duplicates().itertuples(index=False)
+        return [(f"{metric} ({labels}, {direction})", results.table(self.name, labels, direction, metric))
+                for labels, direction, metric in kinds]
 
     def prepare(self, context: EvalContext) -> Any:
         """The items to score, once per evaluation, the same for every model."""

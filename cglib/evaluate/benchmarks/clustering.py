@@ -16,9 +16,16 @@ PROTOCOL = ("k-means (faiss, one run per eval.seeds) of the test images' embeddi
 class Clustering(Benchmark):
     name = BENCHMARK
     absent: ClassVar[dict[str, None]] = {"clustering": None}
+    title = "Clustering: do concepts form clusters?"
+    switch = "eval.clustering: true; params/related.yaml turns it on"
 
     def enabled(self, params) -> bool:
         return params.eval.clustering
+
+    def tables(self, results) -> list[tuple[str, object]]:
+        labels = "ground_truth" if results.info["items"]["ground_truth"] else "dag"
+        return [(f"clustering {metric} against the {labels} concepts (%)", results.table(BENCHMARK, labels, "-", metric))
+                for metric in ("accuracy", "accuracy_seen", "accuracy_held_out")]
 
     def prepare(self, context: EvalContext) -> dict[tuple[str, int], set[str]]:
         """Which test concepts have training images, per label source and level."""

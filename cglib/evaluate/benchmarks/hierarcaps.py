@@ -91,9 +91,21 @@ class HierarCaps(Benchmark):
         "HierarCaps authors' precision, recall (root = empty string, eval.hierarcaps_radii radii) and Kendall "
         "tau-b of root distance vs level.")
     absent: ClassVar[dict[str, None]] = {"hierarcaps": None}
+    title = "HierarCaps"
+    switch = "eval.hierarcaps: true; params/hierarcaps.yaml is the real-data profile"
 
     def enabled(self, params) -> bool:
         return params.eval.hierarcaps
+
+    def tables(self, results) -> list[tuple[str, object]]:
+        from cglib.evaluate.report import wide_table  # lazy: report imports the benchmarks' results
+
+        return [("per-level retrieval over all items, text to image R@1",
+                 results.table("hierarcaps", "hierarcaps", "t2i", "R@1")),
+                (f"in-batch variant ({results.info['settings'].get('hierarcaps_batch', 'B')}-way), R@1",
+                 results.table("hierarcaps_batch", "hierarcaps", "t2i", "R@1")),
+                ("the HierarCaps authors' hierarchical metric (precision, recall, Kendall tau of the root distance)",
+                 wide_table(results.metrics, "hierarcaps_hierarchy", "hierarcaps", "all"))]
 
     def prepare(self, context: EvalContext) -> HierarCapsItems:
         return load_hierarcaps_items(context.run, context.magic, context.image_size(), context.progress)

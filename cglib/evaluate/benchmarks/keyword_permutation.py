@@ -95,9 +95,20 @@ def permutation_scores(items: PermutationItems, images: np.ndarray, text_vectors
 
 class KeywordPermutation(Benchmark):
     name = BENCHMARK
+    title = "Keyword permutation: does the model read the words?"
+    switch = "eval.keyword_permutation: true; params/related.yaml turns it on"
 
     def enabled(self, params) -> bool:
         return params.eval.keyword_permutation
+
+    def tables(self, results) -> list[tuple[str, object]]:
+        from cglib.evaluate.report import labels_table  # lazy: report imports the benchmarks' results
+
+        coverage = results.info["items"]["keyword_permutation"]["per_type"]
+        counts = ", ".join(f"{kind} {c['images']} (without one: {c['without_keyword']})"
+                           for kind, c in coverage.items())
+        caption = f"image to text accuracy, true caption against one keyword swapped; test images per type: {counts}"
+        return [(caption, labels_table(results.metrics, BENCHMARK, "i2t", "accuracy", "caption"))]
 
     def prepare(self, context: EvalContext) -> PermutationItems:
         return permutation_items(context.items.field("caption").texts, permuter_for(context.params),
