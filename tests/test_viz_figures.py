@@ -130,7 +130,7 @@ def test_compared_models_default_to_base_clip_and_best_group_objective():
     best mean forced-choice accuracy at l1..l4 (the first group run before evaluation); viz.models overrides, an
     unknown name is a params error naming the choices."""
     from cglib.config import ParamsError, load_params
-    from cglib.viz.figures import compared_models
+    from cglib.viz.viz_run import compared_models
 
     demo = Path(__file__).parents[1] / "params" / "demo.yaml"
     params = load_params(demo, check_paths=False)
