@@ -39,11 +39,11 @@ PARAMS = {
 MODELS = ("zero-shot", "clip")
 
 
-def _run_with_data(root: Path):
+def _run_with_data(root: Path, params: dict = PARAMS):
     """A run directory holding params, magic.json and the captions dataset (stages 01-03 done)."""
     params_path = root / "params" / "tiny.yaml"
     params_path.parent.mkdir(parents=True)
-    params_path.write_text(yaml.safe_dump(PARAMS))
+    params_path.write_text(yaml.safe_dump(params))
     run = open_run(params_path, root / "run")
     magic, dataset = tiny_magic()
     save_magic(magic, run.stage("magic") / "magic.json")
@@ -185,14 +185,7 @@ def test_geometry_averages_the_training_seeds_seed_k_against_seed_k(tmp_path):
     from cglib.evaluate.pipeline import evaluate_run
     from cglib.train import train_all
 
-    two = {**PARAMS, "train": {**PARAMS["train"], "seeds": [0, 1]}}
-    params_path = tmp_path / "params" / "tiny.yaml"
-    params_path.parent.mkdir(parents=True)
-    params_path.write_text(yaml.safe_dump(two))
-    run = open_run(params_path, tmp_path / "run")
-    magic, dataset = tiny_magic()
-    save_magic(magic, run.stage("magic") / "magic.json")
-    dataset.save(run.stage("captions"))
+    run = _run_with_data(tmp_path, {**PARAMS, "train": {**PARAMS["train"], "seeds": [0, 1]}})
     train_all(run, progress=False)
     evaluate_run(run, progress=False)
     cached = {p: p.stat().st_mtime_ns for p in (run.dir / "evaluation" / "embeddings").glob("*.npz")}
