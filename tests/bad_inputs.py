@@ -198,7 +198,7 @@ def run_case(case: BadInput, folder: Path) -> tuple[int, str]:
         except ValueError as exc:  # notebook 01 (and 02, 03) stops with this message: `cglib run` exits 1
             return 1, str(exc)
         return 0, ""
-    from cglib.llm.engine import load_chains
+    from cglib.llm.chains import load_chains
     from cglib.magic.schema import load_magic
 
     try:

@@ -6,16 +6,9 @@ shipped taxonomy, no network), `oracle` (the synthetic world's ground truth, con
 
 from cglib.llm.base import ConceptTask, Failure, FatalBackendError, GroupRequest, QuotaExhaustedError
 from cglib.llm.canonical import canonicalize
+from cglib.llm.chains import chain_agreement, failure_table, few_shot_copies, level_counts, load_chains
 from cglib.llm.cost import estimate_concept_requests, estimate_full_coco
-from cglib.llm.engine import (
-                              AbstractionResult,
-                              chain_agreement,
-                              failure_table,
-                              few_shot_copies,
-                              level_counts,
-                              load_chains,
-                              run_abstraction,
-)
+from cglib.llm.engine import AbstractionResult, run_abstraction
 from cglib.llm.generalize_requests import GeneralizeResult, generalize_groups
 from cglib.llm.generalizers import offline_generalize
 from cglib.llm.offline_backend import compare_offline_methods, taxonomy_fit

@@ -8,7 +8,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from cglib.llm.cache import rebuilt_message
-from cglib.llm.engine import AbstractionResult, chain_agreement, level_counts
+from cglib.llm.chains import chain_agreement, level_counts
+from cglib.llm.engine import AbstractionResult
 
 
 def abstraction_figure(chains: dict[str, list[str]], l_max: int, ground_truth: dict[str, list[str]] | None = None,
