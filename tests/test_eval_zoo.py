@@ -85,8 +85,9 @@ def zoo_run(tmp_path_factory):
     """tiny_magic, the zero-shot tiny ViT + MiniLM (32 px) and a zoo: cglib-tiny-clip at 48 px with a 64-d joint
     space, a local checkpoint (save_weights), and two that cannot load (a missing file, an unknown architecture)."""
     from cglib.config import ModelParams
-    from cglib.models import build_model, save_weights
+    from cglib.models import build_model
     from cglib.train import ensure_initial
+    from cglib.weights import save_weights
 
     tmp_path = tmp_path_factory.mktemp("zoo")
     checkpoint = save_weights(build_model(ModelParams(**TINY_CLIP)).model, tmp_path / "local.safetensors")

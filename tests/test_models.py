@@ -18,11 +18,10 @@ from cglib.models import (
     build_model,
     encode_images,
     encode_texts,
-    load_weights,
     pixels_to_tensor,
     resolve_activation,
-    save_weights,
 )
+from cglib.weights import load_weights, save_weights
 
 
 @pytest.fixture(scope="module")

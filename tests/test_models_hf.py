@@ -23,13 +23,12 @@ from cglib.models import (
     build_model,
     encode_images,
     encode_texts,
-    load_weights,
     pixels_to_tensor,
-    save_weights,
 )
 from cglib.train.checkpoint import text_keys
 from cglib.train.inputs import model_image_size
 from cglib.viz.attention import attention_rollout, extract_attention
+from cglib.weights import load_weights, save_weights
 
 TEXTS = ["a cat", "a dog", "cat dog cat", "zebra", "a cat on a dog in a box with a very long caption to truncate"]
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)

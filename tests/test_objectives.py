@@ -17,13 +17,14 @@ from test_train_distributed import free_port
 
 from cglib.config import TrainRunParams
 from cglib.distributed import DistInfo
-from cglib.models import build_model, encode_texts, load_weights
+from cglib.models import build_model, encode_texts
 from cglib.train import ensure_initial, train_one
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.inputs import related_methods, run_spec
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import FAMILIES, OBJECTIVES, Objective, Setup, build_objective, objective_class
 from cglib.train.sampler import GroupBatchSampler
+from cglib.weights import load_weights
 
 PLUGINS = Path(__file__).parent / "plugins"
 OWN = "my_objectives:CentroidTriplet"

@@ -13,12 +13,13 @@ from test_train import make_run
 from test_train_distributed import free_port
 
 from cglib.distributed import DistInfo
-from cglib.models import build_model, encode_texts, load_weights
+from cglib.models import build_model, encode_texts
 from cglib.train import ensure_initial
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import MemoryCentroid
 from cglib.train.objectives.concept_memory import initial_memory
 from cglib.train.sampler import GroupBatchSampler
+from cglib.weights import load_weights
 
 WORLD_SIZE = 2
 STEPS = 2

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from cglib.config import Params
 from cglib.distributed import DistInfo
 from cglib.magic.schema import save_magic
-from cglib.models import build_model, encode_texts, load_weights
+from cglib.models import build_model, encode_texts
 from cglib.run import RunContext
 from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
@@ -25,6 +25,7 @@ from cglib.train.objectives import objective_with
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
 from cglib.train.sampler import GroupBatchSampler
 from cglib.viz.training_figures import plot_loss_curves
+from cglib.weights import load_weights
 
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
 TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 2, "lr": 1e-3, "warmup_steps": 2,

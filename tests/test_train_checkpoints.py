@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_train import _interrupt_at, make_run, text_keys
 
-from cglib.models import build_model, load_weights, referenced_weights
+from cglib.models import build_model
 from cglib.train import load_trained, train_one
 from cglib.train.checkpoint import load_checkpoint, save_checkpoint
+from cglib.weights import load_weights, referenced_weights
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,13 @@ from safetensors.torch import load_file
 from test_train import make_run
 
 from cglib.distributed import DistInfo
-from cglib.models import build_model, encode_texts, load_weights
+from cglib.models import build_model, encode_texts
 from cglib.run import RunContext
 from cglib.train import ensure_initial, train_one
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import objective_with
 from cglib.train.sampler import GroupBatchSampler
+from cglib.weights import load_weights
 
 CASES = [("pairwise", False), ("centroid", True), ("clip", True)]  # (loss, freeze_text)
 WORLD_SIZE = 2

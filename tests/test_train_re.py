@@ -13,7 +13,7 @@ from factories import tiny_magic, two_top_magic
 from cglib.config import Params, ParamsError, parse_params
 from cglib.distributed import DistInfo
 from cglib.magic.schema import save_magic
-from cglib.models import Towers, referenced_weights
+from cglib.models import Towers
 from cglib.radial import radial_embedding_loss
 from cglib.run import RunContext
 from cglib.train import load_trained, train_all, train_one
@@ -21,6 +21,7 @@ from cglib.train.checkpoint import FINAL, INITIAL, RunFiles, spec_hash, text_key
 from cglib.train.inputs import run_entry, run_spec
 from cglib.train.loop import load_inputs
 from cglib.train.re_run import REBatchSampler, re_items, re_texts
+from cglib.weights import referenced_weights
 
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
 TINY_TRAIN = {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 1e-3, "warmup_steps": 2,

@@ -10,11 +10,12 @@ from factories import tiny_magic, two_top_magic
 
 from cglib.config import ModelParams, Params, ParamsError, parse_params
 from cglib.magic.schema import save_magic
-from cglib.models import build_model, encode_texts, referenced_weights
+from cglib.models import build_model, encode_texts
 from cglib.run import RunContext
 from cglib.train import load_trained, train_one
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
 from cglib.train.text_phase import ProjectedTexts
+from cglib.weights import referenced_weights
 
 PROJECTED_MODEL = {"name": "cglib-tiny-vit", "text_tower": "minilm", "text_projection": "identity",
                    "freeze_text": True}

@@ -71,7 +71,7 @@ def tower_fingerprints(bundle: ClipModel) -> tuple[str, str]:
 def file_fingerprints(path: Path, preprocessing: str) -> tuple[str, str]:
     """The same hashes as `tower_fingerprints`, read from a safetensors state dict without building the model.
 
-    A file may hold part of a tower and reference the rest (cglib.models.save_weights: a run that trained only the
+    A file may hold part of a tower and reference the rest (cglib.weights.save_weights: a run that trained only the
     MiniLM projection holds `text.proj.weight` and references the frozen tower). Per tower: nothing referenced -
     the hash of what is held; nothing held - the referenced file's fingerprint (the same tower, so its embeddings
     are shared); both - the two combined, so a trained projection never reuses the frozen tower's embeddings.

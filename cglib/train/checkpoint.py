@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from cglib import distributed
-from cglib.models import architecture_params, build_model, load_weights, save_weights
+from cglib.models import architecture_params, build_model
 from cglib.train.faults import check_resume_precision
+from cglib.weights import load_weights, save_weights
 
 LAST = "last.pt"
 

@@ -74,7 +74,7 @@ from cglib.config import Params
 from cglib.data.download import file_digest
 from cglib.data.image_cache import image_cache_dir
 from cglib.distributed import DistInfo
-from cglib.models import ClipModel, architecture_params, build_model, load_weights, save_weights
+from cglib.models import ClipModel, architecture_params, build_model
 from cglib.run import RunContext, provenance, seed_everything, seed_label, training_dir, write_json
 from cglib.train.base import base_corpus, train_base
 from cglib.train.batches import GroupBatchData
@@ -93,6 +93,7 @@ from cglib.train.runlog import LOG_COLUMNS
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
 from cglib.train.summary import ZERO_SHOT, summary_table, weights_moved_note
 from cglib.train.trainer import Trainer
+from cglib.weights import load_weights, save_weights
 
 __all__ = [
     "FINAL",
