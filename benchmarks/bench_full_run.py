@@ -17,7 +17,7 @@ time and peak memory on this machine, and its projected time on the paper's hard
                   third of a training step)
 
     python benchmarks/bench_scale.py --fractions 0.25,1 --truth-chains --json scale.json   # the data stages (~15 min)
-    python benchmarks/bench_full_run.py --scale-json scale.json --gpus 8
+    python benchmarks/bench_full_run.py --scale-json scale.json --gpus 1,8
     python benchmarks/bench_full_run.py --quick     # the data stages from a 1/256 run, extrapolated (minutes)
 
 Every projected figure says its basis; nothing here is a measurement on a GPU unless --gpu-pairs-per-s is one.
@@ -44,6 +44,7 @@ from cglib.llm.cost import COCO_TRAIN_IMAGES
 PAPER_EPOCH_PAIRS = 65_000  # the paper's MAGIC: ~65k (image, generalized caption) training pairs per epoch
 PAPER_A5000_HOURS = 3.0  # the paper: about 3 hours for 5 epochs on one A5000
 PAPER_A5000_EPOCHS = 5
+PAPER_PAIRS_PER_S = PAPER_A5000_EPOCHS * PAPER_EPOCH_PAIRS / (PAPER_A5000_HOURS * 3600)  # ~30 pairs/s
 BATCH_WINDOW_H = 24.0  # the OpenAI Batch API's completion window
 DATA_STAGES = {"captions": "captions (COCO json + image checks)", "magic": "MAGIC build + save (Algorithm 1)",
                "image_cache": "image cache"}
@@ -100,33 +101,37 @@ def llm_stage(params, seconds_per_request: float) -> list[Stage]:
 
 def training_stage(params, step_s_here: float, gpu_pairs_per_s: float | None, gpus: int,
                    epoch_pairs: int = PAPER_EPOCH_PAIRS) -> Stage:
-    """Every row under every training seed: epochs x epoch_pairs pairs each."""
+    """Every image-text row under every training seed: epochs x epoch_pairs pairs each (an RE row trains the text
+    tower alone on text pairs, and the textual pretraining phases are text only: both left out, both small)."""
     t = params.train
-    rows = len(t.runs) * len(t.seeds)
+    rows = sum(r.loss != "re" for r in t.runs) * len(t.seeds)
     pairs = rows * t.epochs * epoch_pairs
     per_step = t.groups_per_batch * t.pairs_per_group
     steps = math.ceil(pairs / per_step)
     if gpu_pairs_per_s:
         rate, basis = gpu_pairs_per_s, f"{gpu_pairs_per_s:g} pairs/s per GPU (--gpu-pairs-per-s, gpu_check)"
     else:
-        rate = PAPER_A5000_EPOCHS * epoch_pairs / (PAPER_A5000_HOURS * 3600)
-        basis = f"the paper's figure, {PAPER_A5000_HOURS:g} h per {PAPER_A5000_EPOCHS} epochs on one A5000 ({rate:.1f} pairs/s)"
-    return Stage("training", f"{gpus} GPU(s), one row per GPU at a time (train.processes or torchrun)",
-                 f"{rows} rows x {t.epochs} epochs x {epoch_pairs:,} pairs = {steps:,} steps of {per_step}",
+        rate = PAPER_PAIRS_PER_S
+        basis = f"the paper's {PAPER_A5000_HOURS:g} h per {PAPER_A5000_EPOCHS} epochs on one A5000 ({rate:.1f} pairs/s)"
+    where = "1 GPU" if gpus == 1 else f"{gpus} GPUs, each row data-parallel over all (train.processes: auto)"
+    return Stage("training", where,
+                 f"{rows} image-text rows x {t.epochs} epochs x {epoch_pairs:,} pairs = {steps:,} steps of {per_step}",
                  steps * step_s_here / 3600, f"{step_s_here:.2f} s per step here (ViT-B-32, fp32, CPU)",
-                 pairs / rate / gpus / 3600, basis + f", over {gpus} GPU(s)")
+                 pairs / rate / gpus / 3600, basis + (f", scaling linearly over {gpus} GPUs" if gpus > 1 else ""))
 
 
 def evaluation_stage(params, images_per_s_here: float, gpu_pairs_per_s: float | None, gpus: int,
                      target: int = COCO_TRAIN_IMAGES) -> Stage:
-    """Every model (zero-shot and each row) under every seed embeds the test images once (texts are few)."""
+    """Every model (zero-shot and each row under every seed, each eval.zoo model once) embeds the test images once
+    (texts are few)."""
     t = params.train
-    models = (len(t.runs) + 1) * len(t.seeds)
+    models = (len(t.runs) + 1) * len(t.seeds) + len(params.eval.zoo)
     images = round(target * params.magic.test_fraction)
-    rate = 3 * (gpu_pairs_per_s or PAPER_A5000_EPOCHS * PAPER_EPOCH_PAIRS / (PAPER_A5000_HOURS * 3600))
-    return Stage("evaluation", f"{gpus} GPU(s)", f"{models} models x {images:,} test images",
-                 models * images / images_per_s_here / 3600, f"{images_per_s_here:.1f} images/s here (ViT-B-32 forward)",
-                 models * images / rate / gpus / 3600, "3x the training pairs/s (a forward is ~1/3 of a step)")
+    rate = 3 * (gpu_pairs_per_s or PAPER_PAIRS_PER_S)
+    return Stage("evaluation", "1 GPU" if gpus == 1 else f"{gpus} GPUs", f"{models} models x {images:,} test images",
+                 models * images / images_per_s_here / 3600, f"{images_per_s_here:.1f} images/s here (forward)",
+                 models * images / rate / gpus / 3600, "3x the training pairs/s (a forward is ~1/3 of a step)"
+                 + (f", over {gpus} GPUs" if gpus > 1 else ""))
 
 
 def measure_step_s(threads: int) -> float:
@@ -185,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=REPO / "params" / "paper.yaml")
     parser.add_argument("--scale-json", type=Path, help="bench_scale.py --json output (the data stages)")
     parser.add_argument("--quick", action="store_true", help="no --scale-json: run bench_scale at 1/256 here")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the projection (default 1, the paper's)")
+    parser.add_argument("--gpus", default="1", help="GPUs of the projection, comma-separated for several tables "
+                        "(default 1, the paper's)")
     parser.add_argument("--gpu-pairs-per-s", type=float, help="training pairs/s per GPU measured by gpu_check")
     parser.add_argument("--llm-seconds-per-request", type=float, default=2.0,
                         help="latency of one chat request for the live projection (default 2 s)")
@@ -208,11 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measuring ViT-B-32 on this CPU ({args.threads} threads): a training step, then a forward pass", flush=True)
     step_s = measure_step_s(args.threads)
     forward = measure_forward_images_per_s(params, args.threads)
-    stages = [*data_stages(scale_rows), *llm_stage(params, args.llm_seconds_per_request),
-              training_stage(params, step_s, args.gpu_pairs_per_s, args.gpus),
-              evaluation_stage(params, forward, args.gpu_pairs_per_s, args.gpus)]
-    print(f"\n{args.params.name} at COCO train2017's size ({COCO_TRAIN_IMAGES:,} images):\n")
-    print("\n".join(table(stages)))
+    for gpus in (int(g) for g in args.gpus.split(",")):
+        stages = [*data_stages(scale_rows), *llm_stage(params, args.llm_seconds_per_request),
+                  training_stage(params, step_s, args.gpu_pairs_per_s, gpus),
+                  evaluation_stage(params, forward, args.gpu_pairs_per_s, gpus)]
+        print(f"\n{args.params.name} at COCO train2017's size ({COCO_TRAIN_IMAGES:,} images), {gpus} GPU"
+              f"{'s' if gpus > 1 else ''}:\n")
+        print("\n".join(table(stages)))
     return 0
 
 

@@ -82,8 +82,8 @@ def _generalize(summary: dict, resume: str | None) -> dict:
     whose requests failed keep their original captions and are counted by the magic stage, so only a stop is a
     loss here."""
     account = summary.get("account")
-    out = {"kept": summary.get("ok", 0), "unit": "generalized-caption requests answered (generalized.jsonl)", "skipped": {}, "failed": {},
-           "llm": account}
+    out = {"kept": summary.get("ok", 0), "unit": "generalized-caption requests answered (generalized.jsonl)",
+           "skipped": {}, "failed": {}, "llm": account}
     if summary.get("status") not in (None, "complete"):
         out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
         out["resume"] = resume and f"{resume} --from 03"

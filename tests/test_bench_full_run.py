@@ -36,7 +36,8 @@ def test_the_projection_adds_up_and_names_the_bound(paper):
     assert llm[0].paper_h == pytest.approx(requests * 2.0 / paper.llm.concurrency / 3600)
     assert f"{requests:,} requests" in llm[1].work and llm[1].paper_h == 24.0
 
-    rows = len(paper.train.runs) * len(paper.train.seeds)
+    rows = sum(r.loss != "re" for r in paper.train.runs) * len(paper.train.seeds)  # image-text rows
+    assert rows == 6 * len(paper.train.seeds)
     pairs = rows * paper.train.epochs * 65_000
     train = bench.training_stage(paper, step_s_here=4.0, gpu_pairs_per_s=None, gpus=8)
     steps = math.ceil(pairs / (paper.train.groups_per_batch * paper.train.pairs_per_group))
@@ -47,7 +48,7 @@ def test_the_projection_adds_up_and_names_the_bound(paper):
     assert measured.paper_h == pytest.approx(pairs / 300.0 / 3600) and "gpu_check" in measured.paper_basis
 
     evaluation = bench.evaluation_stage(paper, images_per_s_here=10.0, gpu_pairs_per_s=None, gpus=1)
-    models = (len(paper.train.runs) + 1) * len(paper.train.seeds)
+    models = (len(paper.train.runs) + 1) * len(paper.train.seeds) + len(paper.eval.zoo)
     assert evaluation.here_h == pytest.approx(models * round(118_287 * 0.2) / 10.0 / 3600)
 
     lines = bench.table([*data, *llm, train, evaluation])

@@ -22,6 +22,7 @@ from cglib.evaluate.multiplicity import holm
 from cglib.viz.compare import (
     FAMILY_COLORS,
     PANELS_PER_ROW,
+    difference_takeaway,
     differences_from_reference,
     model_families,
     plot_difference_from_reference,
@@ -149,3 +150,19 @@ def test_families_come_from_the_saved_roles():
     models = [{"name": "zero-shot", "objective": "none", "objective_family": "none"},
               {"name": "c", "objective": "centroid"}, {"name": "openai", "objective": "none", "zoo": True}]
     assert model_families(models) == {"zero-shot": "none", "c": "group", "openai": "zoo"}
+
+
+def test_the_difference_takeaway_is_read_off_the_cells():
+    """The sentence names the Holm-significant cells, largest first, with their CIs and the count up and down; when
+    none survives it says so and names the largest change."""
+    cells = pd.DataFrame({"model": ["pairwise", "centroid", "clip"], "labels": ["dag"] * 3, "level": ["l1", "l1", "l2"],
+                          "difference": [0.10, -0.12, 0.01], "ci_low": [0.08, -0.17, -0.02],
+                          "ci_high": [0.12, -0.07, 0.04], "significant": [True, True, False]})
+    assert difference_takeaway(cells, "Within-group cosine") == (
+        "Within-group cosine: 2 of 3 changes from the zero-shot model survive Holm's correction (1 up, 1 down): "
+        "centroid at dag l1 -0.12 [-0.17, -0.07]; pairwise at dag l1 +0.10 [0.08, 0.12].")
+    assert difference_takeaway(cells, "Margin", top=1).endswith("centroid at dag l1 -0.12 [-0.17, -0.07] (and 1 more).")
+    none = cells.assign(significant=False)
+    assert difference_takeaway(none, "Margin") == (
+        "Margin: no change from the zero-shot model survives Holm's correction over the 3 cells; the largest is "
+        "centroid at dag l1 -0.12 [-0.17, -0.07].")

@@ -184,6 +184,7 @@ def test_geometry_averages_the_training_seeds_seed_k_against_seed_k(tmp_path):
     from cglib.evaluate.geometry import group_geometry
     from cglib.evaluate.pipeline import evaluate_run
     from cglib.train import train_all
+    from cglib.viz.figures import geometry_takeaway as vf_geometry_takeaway
 
     run = _run_with_data(tmp_path, {**PARAMS, "train": {**PARAMS["train"], "seeds": [0, 1]}})
     train_all(run, progress=False)
@@ -203,3 +204,4 @@ def test_geometry_averages_the_training_seeds_seed_k_against_seed_k(tmp_path):
     by_hand = np.mean([within("clip") - within("zero-shot"), within("clip@seed1") - within("zero-shot@seed1")],
                       axis=0)
     assert row["difference"] == pytest.approx(np.nanmean(by_hand), abs=1e-9)
+    assert vf_geometry_takeaway(vr, "within").startswith("Within-group cosine: ")

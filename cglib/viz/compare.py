@@ -98,6 +98,28 @@ def differences_from_reference(differences: pd.DataFrame, benchmark: str, metric
     return out.reset_index(drop=True)
 
 
+def difference_takeaway(cells: pd.DataFrame, what: str, reference: str = "zero-shot", top: int = 4,
+                        digits: int = 2) -> str:
+    """One sentence read off `differences_from_reference` cells: the changes that survive Holm (the largest `top`,
+    with CIs), or, when none does, that none does and which cell moved most; the numbers are the table's."""
+    def cell(r) -> str:
+        return (f"{r['model']} at {r['labels']} {r['level']} {r['difference']:+.{digits}f} "
+                f"[{r['ci_low']:.{digits}f}, {r['ci_high']:.{digits}f}]")
+
+    n = len(cells)
+    significant = cells[cells["significant"]]
+    if significant.empty:
+        largest = cells.loc[cells["difference"].abs().idxmax()]
+        return (f"{what}: no change from the {reference} model survives Holm's correction over the {n} cells; "
+                f"the largest is {cell(largest)}.")
+    order = significant.reindex(significant["difference"].abs().sort_values(ascending=False).index)
+    shown = "; ".join(cell(r) for _, r in order.head(top).iterrows())
+    rises, falls = int((significant["difference"] > 0).sum()), int((significant["difference"] < 0).sum())
+    more = f" (and {len(order) - top} more)" if len(order) > top else ""
+    return (f"{what}: {len(order)} of {n} changes from the {reference} model survive Holm's correction ({rises} up, "
+            f"{falls} down): {shown}{more}.")
+
+
 def _grid(n_panels: int, per_row: int = PANELS_PER_ROW) -> tuple[int, int]:
     ncols = min(per_row, n_panels)
     return math.ceil(n_panels / ncols), ncols

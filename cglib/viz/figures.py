@@ -30,7 +30,13 @@ from cglib.viz.attention import (
     plot_attention_models,
     vision_transformer,
 )
-from cglib.viz.compare import model_families, plot_difference_from_reference, plot_gains
+from cglib.viz.compare import (
+    difference_takeaway,
+    differences_from_reference,
+    model_families,
+    plot_difference_from_reference,
+    plot_gains,
+)
 from cglib.viz.data_figures import caption_length_figure, image_grid
 from cglib.viz.data_figures import taxonomy_figure as draw_taxonomy
 from cglib.viz.eval_figures import plot_accuracy_by_level
@@ -72,6 +78,13 @@ def geometry_figure(vr: VizRun, metric: str = "within") -> Figure:
         table, benchmark="geometry", metric=metric, direction="image", families=model_families(models),
         ci=vr.params.eval.ci, title=f"What the objectives did to the geometry: {what[metric]}, each model minus "
         f"zero-shot ({_seeds_phrase(table)}paired {100 * vr.params.eval.ci:.0f}% CI over the images)")
+
+
+def geometry_takeaway(vr: VizRun, metric: str = "within") -> str:
+    """The geometry figure's finding in one sentence (`compare.difference_takeaway`), from the same cells."""
+    what = {"within": "Within-group cosine", "margin": "Margin to the nearest hard-negative group"}[metric]
+    cells = differences_from_reference(vr.geometry, "geometry", metric, "image", ci=vr.params.eval.ci)
+    return difference_takeaway(cells, what)
 
 
 def _seeds_phrase(table: pd.DataFrame) -> str:
