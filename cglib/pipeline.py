@@ -31,13 +31,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
 from cglib.accounts import losses, stage_summaries
 from cglib.config import Params
 from cglib.frontend import HEADLESS_ENV
 from cglib.llm.base import redact
-from cglib.run import REPO_ROOT, provenance, runner_identity, write_json
+from cglib.run import REPO_ROOT, provenance, runner_identity, save_params, write_json
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
 DEFAULT_KERNEL = "cglib"
@@ -267,7 +265,7 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
     run_dir.mkdir(parents=True, exist_ok=True)
     executed_dir = run_dir / "notebooks"
     executed_dir.mkdir(exist_ok=True)
-    (run_dir / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
+    save_params(params, run_dir / "params.yaml")
     kernel = ensure_kernel(kernel)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     results: list[NotebookResult] = []

@@ -127,7 +127,7 @@ def open_run(params_path: str | Path, run_dir: str | Path | None = None, check_p
     params = load_params(params_path, check_paths=check_paths)
     directory = Path(run_dir) if run_dir else params.run_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
+    save_params(params, directory / "params.yaml")
     seed_everything(params.run.seed)
     set_threads(params.run.threads)
     return RunContext(params=params, dir=directory, params_path=Path(params_path))
@@ -196,14 +196,32 @@ def provenance(params: Params | None = None, **extra: Any) -> dict[str, Any]:
     return block
 
 
-def write_json(path: Path, obj: Any) -> Path:
-    """Write JSON atomically (temp file then rename), so an interrupted run never leaves half a file; the temp
-    name carries the process id, so two processes writing the same file (search workers) never share one."""
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write a text file atomically (temp file then rename), so an interrupted run never leaves half a file and a
+    process reading it meanwhile sees the old or the new content, never a truncated one; the temp name carries
+    the process id, so two processes writing the same file (search workers) never share one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str, ensure_ascii=False), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    """Write JSON atomically (`write_text_atomic`)."""
+    return write_text_atomic(path, json.dumps(obj, indent=1, default=str, ensure_ascii=False))
+
+
+def save_params(params: Params, path: Path) -> Path:
+    """The run folder's params.yaml: written atomically, and not at all when it already holds these params (under
+    torchrun rank 0 saves it while the other ranks may be reading the same file)."""
+    text = yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return path
+    except OSError:
+        pass
+    return write_text_atomic(path, text)
 
 
 def keyed_rng(seed: int, key: str) -> np.random.Generator:

@@ -456,3 +456,20 @@ def test_run_ends_with_a_stage_summary_and_strict_exits_3(tmp_path, capsys):
     assert manifest["skipped_or_failed"] == 1
     assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out), "--strict"]) == 3
     assert "STRICT: 1 items were skipped or failed" in capsys.readouterr().err
+
+
+def test_open_run_rewrites_params_yaml_only_when_it_changes(tmp_path):
+    """Under torchrun every rank reads the run folder's params.yaml while rank 0 opens the run: the file is left
+    untouched when it already holds these params (no truncated file for a reader), and replaced whole otherwise."""
+    from cglib.run import open_run
+
+    source = tmp_path / "p.yaml"
+    source.write_text("run: {name: once, threads: 1}\n")
+    run = open_run(source, tmp_path / "run", check_paths=False)
+    saved = run.dir / "params.yaml"
+    stamp = saved.stat().st_mtime_ns
+    open_run(saved, run.dir, check_paths=False)  # what rank 0 of `python -m cglib.train RUN/params.yaml` does
+    assert saved.stat().st_mtime_ns == stamp
+    source.write_text("run: {name: once, threads: 1, seed: 7}\n")
+    open_run(source, run.dir, check_paths=False)
+    assert "seed: 7" in saved.read_text() and not list(run.dir.glob("*.tmp"))

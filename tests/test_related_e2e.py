@@ -59,5 +59,6 @@ def test_related_rows_train_and_are_scored_beside_the_paper_rows(small_run, tmp_
 
     executed = json.loads((run / "notebooks" / "06_evaluation.ipynb").read_text())
     text = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                   + "".join(o.get("data", {}).get("text/markdown", ""))  # the tables' captions
                    for c in executed["cells"] for o in c.get("outputs", []))
     assert "clustering accuracy_held_out" in text and "colour (n=" in text
