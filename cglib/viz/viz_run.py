@@ -217,18 +217,20 @@ class VizRun:
             out.append(emb.images)
         return out
 
+    @cached_property
     def _metrics(self) -> pd.DataFrame | None:
+        """evaluation/metrics.csv, read once (the compared models and the heads model both rank by it)."""
         path = self.dir / "evaluation" / "metrics.csv"
         return pd.read_csv(path, dtype={"level": str}) if path.is_file() else None
 
     def compared_models(self) -> list[str]:
         """The models the UMAP and attention comparisons show (`compared_models`), among those with a checkpoint."""
-        return compared_models(self.params, list(self.models()), self._metrics())
+        return compared_models(self.params, list(self.models()), self._metrics)
 
     def heads_model(self) -> str:
         """The model whose attention heads notebook 07 and `cglib figures` draw: the last of the compared models (by
         default the best group objective), chosen among the params' models (no checkpoint is loaded to name it)."""
-        return compared_models(self.params, self.model_names, self._metrics())[-1]
+        return compared_models(self.params, self.model_names, self._metrics)[-1]
 
     @cached_property
     def umap_panels(self) -> list[UmapPanel]:
