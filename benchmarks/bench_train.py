@@ -20,8 +20,9 @@ import torch
 from open_clip.loss import ClipLoss
 
 from cglib.config import ModelParams
+from cglib.encoding import pixels_to_tensor
 from cglib.losses import centroid_group_loss, clip_loss, pairwise_group_loss
-from cglib.models import Towers, build_model, pixels_to_tensor
+from cglib.models import Towers, build_model
 from cglib.train.step import Stepper, set_trainable
 
 TAU = 0.1

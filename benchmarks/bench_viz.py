@@ -49,7 +49,8 @@ def bench_attention() -> None:
     import numpy as np
 
     from cglib.config import ModelParams
-    from cglib.models import build_model, encode_images
+    from cglib.encoding import encode_images
+    from cglib.models import build_model
     from cglib.viz.attention import extract_attention
 
     bundle = build_model(ModelParams(name="cglib-demo-vit", text_tower="open_clip"))

@@ -54,7 +54,8 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 from cglib.config import ModelParams, load_params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, build_image_cache
-from cglib.models import ClipModel, Towers, build_model, pixels_to_tensor
+from cglib.encoding import pixels_to_tensor
+from cglib.models import ClipModel, Towers, build_model
 from cglib.train.objectives import OBJECTIVES, GroupFeatures, objective_with
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
 

@@ -419,7 +419,7 @@ def test_trimmed_text_encoding_equals_the_models_own(tiny_bundle):
     order."""
     import torch
 
-    from cglib.models import encode_texts
+    from cglib.encoding import encode_texts
 
     texts = ["a dog", "a very long caption about a birthday party with a cake and many balloons", "x", "picnic"]
     with torch.no_grad():

@@ -10,17 +10,9 @@ from open_clip.transformer import QuickGELU
 
 from cglib.config import ModelParams
 from cglib.embed import MINILM_DIM, embed_texts
+from cglib.encoding import _run_text_tower, encode_images, encode_texts, pixels_to_tensor
 from cglib.losses import pairwise_group_loss
-from cglib.models import (
-    Towers,
-    _run_text_tower,
-    architecture_params,
-    build_model,
-    encode_images,
-    encode_texts,
-    pixels_to_tensor,
-    resolve_activation,
-)
+from cglib.models import Towers, architecture_params, build_model, resolve_activation
 from cglib.weights import load_weights, save_weights
 
 

@@ -16,15 +16,9 @@ import torch
 import transformers
 
 from cglib.config import ModelParams, Params, ParamsError, parse_params
+from cglib.encoding import encode_images, encode_texts, pixels_to_tensor
 from cglib.losses import pairwise_group_loss
-from cglib.models import (
-    Towers,
-    architecture_params,
-    build_model,
-    encode_images,
-    encode_texts,
-    pixels_to_tensor,
-)
+from cglib.models import Towers, architecture_params, build_model
 from cglib.train.checkpoint import text_keys
 from cglib.train.inputs import model_image_size
 from cglib.viz.attention import attention_rollout, extract_attention

@@ -17,7 +17,8 @@ from test_train_distributed import free_port
 
 from cglib.config import TrainRunParams
 from cglib.distributed import DistInfo
-from cglib.models import build_model, encode_texts
+from cglib.encoding import encode_texts
+from cglib.models import build_model
 from cglib.train import ensure_initial, train_one
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.inputs import related_methods, run_spec

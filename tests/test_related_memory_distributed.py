@@ -13,7 +13,8 @@ from test_train import make_run
 from test_train_distributed import free_port
 
 from cglib.distributed import DistInfo
-from cglib.models import build_model, encode_texts
+from cglib.encoding import encode_texts
+from cglib.models import build_model
 from cglib.train import ensure_initial
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
 from cglib.train.objectives import MemoryCentroid

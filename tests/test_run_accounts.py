@@ -25,8 +25,9 @@ from cglib.cli import main as cli_main
 from cglib.config import deep_merge, load_params
 from cglib.data.dataset import CaptionDataset
 from cglib.llm.base import Outcome
+from cglib.llm.budget_check import check_budget
 from cglib.llm.cache import CacheRebuiltWarning, ResultCache
-from cglib.llm.engine import check_budget, make_backend
+from cglib.llm.engine import make_backend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer

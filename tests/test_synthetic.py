@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from cglib.config import Params
+from cglib.data.appearance import OBJECTS, SETTINGS
 from cglib.data.dataset import CaptionDataset, load_ground_truth, save_ground_truth
-from cglib.data.render import OBJECTS, SETTINGS, Placement, background, icon_sprite, render_scene
+from cglib.data.render import Placement, background, icon_sprite, render_scene
 from cglib.data.synthetic import (
     TEMPLATES,
     check_drawable,

@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 
 from cglib.config import Params
 from cglib.distributed import DistInfo
+from cglib.encoding import encode_texts
 from cglib.magic.schema import save_magic
-from cglib.models import build_model, encode_texts
+from cglib.models import build_model
 from cglib.run import RunContext
 from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap

@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from test_train import make_run
 
 from cglib.distributed import DistInfo
-from cglib.models import build_model, encode_texts
+from cglib.encoding import encode_texts
+from cglib.models import build_model
 from cglib.run import RunContext
 from cglib.train import ensure_initial, train_one
 from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap

@@ -11,7 +11,7 @@ from PIL import Image
 from cglib.accounts import summary_lines
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import build_image_cache, cache_key, open_image_cache
-from cglib.models import images_to_pixels
+from cglib.encoding import images_to_pixels
 
 
 def _pixel_dataset(n: int = 5, size: int = 16, seed: int = 0) -> CaptionDataset:

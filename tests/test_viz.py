@@ -15,7 +15,8 @@ import torch
 from open_clip.modified_resnet import ModifiedResNet
 
 from cglib.config import ModelParams
-from cglib.models import ClipModel, build_model, encode_images, encode_texts, pixels_to_tensor
+from cglib.encoding import encode_images, encode_texts, pixels_to_tensor
+from cglib.models import ClipModel, build_model
 from cglib.viz.attention import (
     attention_rollout,
     choose_attention_images,

@@ -158,7 +158,7 @@ def build_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progr
         kept = list(dataset.image_ids)
         bar.update(len(dataset))
     else:
-        from cglib.models import images_to_pixels  # lazy: torch; cglib.data imports without it
+        from cglib.encoding import images_to_pixels  # lazy: torch; cglib.data imports without it
 
         def load(image_id: str) -> np.ndarray | ImageLoadError:
             try:

@@ -183,8 +183,9 @@ def pairs(couples: list[list[str]] | list[tuple[str, str]]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- the worlds
 def synthetic_permuter() -> KeywordPermuter:
     """Relations of the synthetic world, read from its renderer and caption writer (cglib.data.synthetic)."""
-    from cglib.data.render import COLOURS, OBJECTS, SETTINGS  # lazy: matplotlib; validate path
+    from cglib.data.appearance import OBJECTS, SETTINGS  # lazy: the world's tables; validate path
     from cglib.data.synthetic import _COLOUR_WORDS, _UNITS, _plural  # lazy: matplotlib; validate path
+    from cglib.data.textures import COLOURS  # lazy: the world's palette; validate path
 
     colours = [_COLOUR_WORDS.get(c, c) for c in sorted(COLOURS)]  # as captions write them: "navy blue"
     objects = sorted(OBJECTS)

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cglib.data.appearance import OBJECTS, SETTINGS
 from cglib.data.dataset import CaptionDataset
-from cglib.data.render import OBJECTS, SETTINGS, Placement, render_scene
+from cglib.data.render import Placement, render_scene
 from cglib.data.taxonomy import Taxonomy, load_taxonomy
 
 P_OWN_SETTING = 0.9
@@ -281,7 +282,7 @@ def check_drawable(taxonomy: Taxonomy) -> None:
     missing_settings = sorted(settings - set(SETTINGS))
     if missing_objects or missing_settings:
         raise ValueError(f"taxonomy names things the renderer cannot draw: objects {missing_objects}, settings "
-                         f"{missing_settings}; add them to cglib/data/render.py (_OBJECT_TABLE, _SETTING_TABLE)")
+                         f"{missing_settings}; add them to cglib/data/appearance.py (_OBJECT_TABLE, _SETTING_TABLE)")
 
 
 def make_world(images_per_concept: int, seed: int, image_size: int = 64, captions_per_image: int = 5,

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cglib.models import ClipModel, encode_images, encode_texts
+from cglib.encoding import encode_images, encode_texts
+from cglib.models import ClipModel
 
 logger = logging.getLogger(__name__)
 

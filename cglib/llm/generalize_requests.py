@@ -35,10 +35,11 @@ from typing import Any
 
 from cglib.config import Params
 from cglib.llm.base import Backend, BudgetExceededError, Failure, FatalBackendError, GroupRequest, run_sync
+from cglib.llm.budget_check import BudgetRefusedError
 from cglib.llm.cache import ResultCache
 from cglib.llm.canonical import canonicalize
 from cglib.llm.cost import CAPTION_REPLY_TOKENS, estimate_payloads, make_budget
-from cglib.llm.engine import BudgetRefusedError, Stats, cache_path, execute, llm_account
+from cglib.llm.engine import Stats, cache_path, execute, llm_account
 from cglib.llm.generalizers import OfflineGeneralizer, make_generalizer
 from cglib.run import provenance, write_json
 

@@ -51,7 +51,8 @@ def minilm_embedder() -> Embedder:
 
 def open_clip_embedder(params: Params, device: str = "cpu") -> Embedder:
     """The text tower of an open_clip model (`magic.embedder_model`, or the run's `model` section when null)."""
-    from cglib.models import build_model, encode_texts  # lazy: torch; cglib.magic imports without it
+    from cglib.encoding import encode_texts  # lazy: torch; cglib.magic imports without it
+    from cglib.models import build_model  # lazy: torch; cglib.magic imports without it
 
     spec = params.magic.embedder_model
     if spec is None:

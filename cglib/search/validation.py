@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 
 from cglib.config import Params
+from cglib.encoding import encode_images, encode_texts
 from cglib.evaluate.embeddings import tower_fingerprints
 from cglib.evaluate.forced_choice import sample_forced_choice, score_forced_choice
 from cglib.evaluate.items import DAG, MagicItems, build_items
 from cglib.magic.schema import MagicFile
 from cglib.magic.split import split_images
-from cglib.models import ClipModel, encode_images, encode_texts
+from cglib.models import ClipModel
 
 VALIDATION_SALT = "search-validation/"  # the validation split's generator streams differ from the test split's
 

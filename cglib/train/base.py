@@ -34,9 +34,10 @@ from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import build_image_cache
 from cglib.data.sources import synthetic_world
 from cglib.data.synthetic import leaked_concept_names
+from cglib.encoding import encode_texts, pixels_to_tensor, tokenize
 from cglib.frontend import tqdm
 from cglib.magic.schema import load_magic
-from cglib.models import ClipModel, Towers, encode_texts, pixels_to_tensor, tokenize
+from cglib.models import ClipModel, Towers
 from cglib.run import RunContext
 from cglib.train.optim import amp_dtype
 from cglib.train.step import Stepper, set_trainable

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cglib.models import Towers, encode_texts, tokenize
+from cglib.encoding import encode_texts, tokenize
+from cglib.models import Towers
 from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.inputs import text_source
 from cglib.train.objectives import Objective, Setup, TextAlignment

@@ -17,7 +17,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from cglib.distributed import DistInfo
-from cglib.models import ClipModel, Towers, pixels_to_tensor
+from cglib.encoding import pixels_to_tensor
+from cglib.models import ClipModel, Towers
 from cglib.train.faults import defer_interrupts, finite
 from cglib.train.objectives import GroupFeatures, Objective
 from cglib.train.optim import build_optimizer, warmup_cosine

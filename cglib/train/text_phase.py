@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from cglib.models import ClipModel, encode_texts, without_text_projection
+from cglib.encoding import encode_texts, without_text_projection
+from cglib.models import ClipModel
 from cglib.train.step import set_trainable
 
 

@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
+from cglib.encoding import encode_texts, pixels_to_tensor
 from cglib.hf_clip import HFVisual
 from cglib.magic.schema import MagicFile
-from cglib.models import ClipModel, encode_texts, pixels_to_tensor
+from cglib.models import ClipModel
 
 MAP_CMAP = "viridis"  # perceptually uniform and colour-blind safe
 

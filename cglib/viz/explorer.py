@@ -18,9 +18,10 @@ import numpy as np
 from IPython.display import Image, display
 from matplotlib.figure import Figure
 
+from cglib.encoding import encode_images, encode_texts
 from cglib.frontend import explorer_mimebundle, figure_png, headless, png_img_tag
 from cglib.magic.schema import MagicFile
-from cglib.models import ClipModel, encode_images, encode_texts
+from cglib.models import ClipModel
 from cglib.viz.attention import extract_attention, overlay, vision_transformer
 
 

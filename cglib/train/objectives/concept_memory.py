@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cglib.models import encode_images, encode_texts
+from cglib.encoding import encode_images, encode_texts
 
 _EPS = 1e-12
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from cglib import losses
 from cglib.config import Section
-from cglib.models import encode_texts
+from cglib.encoding import encode_texts
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
 from cglib.train.objectives.concept_head import ConceptBank, ConceptHead, build_head
 
