@@ -50,11 +50,14 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference("train.amp", "auto_fp16", "auto", "precision on GPU: fp16 autocast with GradScaler vs bf16 (CPU runs "
                "are fp32 under both)", "authors' main.py: precision amp with torch.cuda.amp.GradScaler"),
     Difference("train.epoch", "pairs_as_published", "pairs", "the image-text epoch: the authors' drops incomplete "
-               "chunks and concepts with fewer than M-1 hard negatives, draws negatives with replacement, always "
-               "their first chunk, and trains on every M-th shuffled chunk only; ours pads, keeps them with "
-               "fallbacks, draws random chunks without replacement and uses every chunk",
-               "authors' data.py TrainConceptDataset, get_dataset (batch_size M, drop_last) and train.py "
-               "(the first M groups of each collated batch)"),
+               "chunks and concepts with fewer than M-1 hard negatives, makes every remaining chunk the anchor of "
+               "one step in a shuffled order, draws negatives with replacement, always their first chunk, and "
+               "skips a step whose drawn negative concept was itself dropped (its item comes back empty); ours "
+               "pads, keeps them with fallbacks, draws random chunks without replacement and trains every step",
+               "authors' data.py TrainConceptDataset (an item is a whole batch: the anchor chunk and its M-1 "
+               "negative chunks), train_collate_fn (M*N rows), get_dataset (the DataLoader's batch size "
+               "args.batch_size, overridden to 1 for dataset_type train; drop_last) and train.py (the M groups of "
+               "each collated item; `continue` on an empty one)"),
     Difference("train.mask_identical_texts", False, True, "whether identical texts of an image-text batch are kept "
                "from being each other's negatives (with M-1 hard-negative groups a caption can recur in a batch)",
                "authors' train.py and loss.py: open_clip ClipLoss and their group losses, labels = arange, no mask"),

@@ -160,8 +160,9 @@ class TrainParams(Section):
         "pair once; each concept's pairs cut into seeded chunks of N (the last one filled up), each chunk the anchor "
         "of a batch with M-1 random hard-negative concepts without replacement (fallbacks when too few). "
         "pairs_as_published: the authors' code (cglib/train/epochs.py): incomplete chunks and concepts with fewer "
-        "than M-1 hard negatives dropped, negatives with replacement, always their first chunk, and only every M-th "
-        "shuffled chunk an anchor. groups: one batch per training group (each group the anchor once, N pairs drawn "
+        "than M-1 hard negatives dropped, every remaining chunk the anchor once in a shuffled order (one step each), "
+        "negatives with replacement, always their first chunk, and a step whose drawn negative concept was dropped "
+        "skipped (counted as empty_steps). groups: one batch per training group (each group the anchor once, N pairs drawn "
         "from it); about pairs-per-group times fewer steps.")
     mask_identical_texts: bool = Field(
         True, description="Whether two identical texts of an image-text batch are never each other's negatives "

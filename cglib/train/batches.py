@@ -19,7 +19,8 @@ class GroupBatchData(torch.utils.data.Dataset):
     = identical string, the same on every rank), which the losses use to keep identical texts from being each
     other's negatives, and `group_index`, each of this rank's groups' position in `sampler.groups` (its row of a
     concept memory, cglib/train/objectives/concept_memory.py). Each rank keeps its own groups; a DataLoader may run this in worker
-    processes (the cache is a memmap).
+    processes (the cache is a memmap). An empty batch (the authors' epoch, `GroupBatch.empty`) is an item with
+    `empty: True`, its index and zero counts, no tensors: the same on every rank.
 
     With `hard_negatives` (loss: clip_hn; a function of the whole batch, cglib.train.objectives.keyword_negatives) an item also
     carries `hard_columns` (this rank's pairs' replaced global columns, -1: none) and the permuted texts as
@@ -40,6 +41,9 @@ class GroupBatchData(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         full = self.sampler.batch(self.epoch, self.start + i)
+        if full.empty:  # the authors' empty loader item: the loop skips its step (Phase.empty)
+            return {"empty": True, "index": self.start + i, "fallback_groups": 0, "repeated_images": 0,
+                    "global_images": 0, "groups": list(full.groups)}
         batch = full.shard(self.info.rank, self.info.world_size)
         m, n = batch.shape
         ids = [image_id for row in batch.image_ids for image_id in row]

@@ -83,6 +83,7 @@ class Progress:
     fallback_batches: int = 0
     repeated_images: int = 0
     skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (faults.py)
+    empty_steps: int = 0  # steps of the authors' epoch whose loader item was empty: skipped, no update (epochs.py)
     epoch_losses: list[float] = field(default_factory=list)
     epoch_sum: float = 0.0
     epoch_count: int = 0
@@ -92,9 +93,12 @@ class Progress:
         return dict(self.__dict__)
 
     def count(self, result: dict[str, float]) -> None:
-        """Count one completed optimizer step; a skipped step's (non-finite) loss stays out of the epoch mean."""
+        """Count one completed optimizer step; a skipped step's (non-finite) loss and an empty step's (none) stay
+        out of the epoch mean."""
         self.step, self.global_step = self.step + 1, self.global_step + 1
-        if result.get("skipped"):
+        if result.get("empty"):
+            self.empty_steps += 1
+        elif result.get("skipped"):
             self.skipped_steps += 1
         elif math.isfinite(result["loss"]):
             self.epoch_sum, self.epoch_count = self.epoch_sum + result["loss"], self.epoch_count + 1

@@ -7,16 +7,22 @@
   batch keeps the (M, N) shape. About (number of pairs) / N batches per epoch.
 - "groups": one batch per training group, each group the anchor once in a seeded random order; its N pairs are
   drawn when the batch is built (sampler.py). About N times fewer steps than "pairs" at one caption per image.
-- "pairs_as_published" (run.protocol: as_published): the authors' TrainConceptDataset and DataLoader
-  (ai-lab-conf/CLEAR_GLASS src/training/data.py, train.py): each concept's pairs in data order (no shuffle) cut
-  into chunks of N, an incomplete last chunk DROPPED; a concept whose hard negatives with a complete chunk number
-  fewer than M-1 is DROPPED; the chunks are shuffled each epoch and taken M at a time (their loader's batch size
-  is M, drop_last), and only the FIRST chunk of each loader batch is trained on (their loop reads the first M
-  groups of the collated batch: the anchor and its negatives), so an epoch has len(chunks) // M steps. Its
-  negatives (sampler.py) are drawn WITH replacement, each negative concept bringing its FIRST chunk. One case is
-  not reproduced: a drawn negative concept that has a complete chunk but was itself dropped (too few hard
-  negatives) makes their item empty, so that loader batch trains its next item or nothing; we take the concept's
-  first chunk instead and count the anchors that can draw one (`dropped["anchors_with_dropped_candidates"]`).
+- "pairs_as_published" (run.protocol: as_published): the authors' TrainConceptDataset, DataLoader and training
+  loop (ai-lab-conf/CLEAR_GLASS src/training/data.py, train.py). Each concept's pairs in data order (no shuffle)
+  are cut into chunks of N, an incomplete last chunk DROPPED. Their concept lookup holds the concepts with a
+  complete chunk and at least M-1 listed hard negatives; a concept whose hard negatives in that lookup number
+  fewer than M-1 is DROPPED. Every remaining chunk is one dataset item and one step: `get_dataset` overrides the
+  DataLoader's batch size to 1 for training (an item is already a whole batch: the anchor chunk and M-1
+  negative chunks, which `train_collate_fn` flattens into M*N rows and the loop slices back into M groups), so
+  the chunks are shuffled each epoch and each is the anchor once: steps per epoch = number of chunks. Negatives
+  (sampler.py) are drawn WITH replacement from the concept's hard negatives in the lookup, each bringing its
+  concept's FIRST chunk. A drawn negative concept that is in the lookup but was itself dropped has no chunk to
+  bring: their item comes back empty and their loop skips that step (`continue`, after setting its learning
+  rate). Here that step is an EMPTY batch (`GroupBatch.empty`): the step position is kept, no weight changes,
+  the schedule advances, and the run counts it (`empty_steps`).
+  What cannot be matched: their epoch order is torch's RandomSampler on the global torch RNG and their negative
+  draws python `random.choices` inside DataLoader workers seeded from it; ours are seeded numpy streams of (seed,
+  epoch) and (seed, epoch, index). The same order and draws give the same batches (tests/test_epoch_as_published).
 
 A pair's text is one of ITS image's generalized captions (`MagicFile.generalized_texts`), or one of its own
 original captions with `train.text_source: original`.
@@ -120,37 +126,53 @@ class PairsEpoch:
 
 
 class PublishedPairsEpoch:
-    """The authors' epoch (see the module docstring): complete chunks in data order, concepts without M-1 valid
-    hard negatives dropped, chunks shuffled and the first of every M taken as an anchor."""
+    """The authors' epoch (see the module docstring): every complete chunk of a kept concept is an anchor once, in
+    a seeded order; a step whose drawn negative concept was dropped is empty."""
 
     kind = "pairs_as_published"
 
     def __init__(self, pairs: dict[str, list[Pair]], n: int, m: int, hard: dict[str, list[str]], seed: int) -> None:
+        """`pairs` in data order per concept; `hard`: each concept's hard negatives as listed (their JSON's
+        `hard_negative`), before any filtering."""
         chunks = {g: [p[s:s + n] for s in range(0, len(p) - n + 1, n)] for g, p in pairs.items()}
-        chunks = {g: c for g, c in chunks.items() if c}  # their concept lookup: concepts with a complete chunk
-        self.valid = {g: [h for h in hard.get(g, []) if h in chunks] for g in chunks}
-        self.kept = [g for g in chunks if len(self.valid[g]) >= m - 1]
+        # their concept lookup: concepts with a complete chunk that pass the first check (M-1 listed negatives)
+        lookup = [g for g, c in chunks.items() if c and len(hard.get(g, [])) >= m - 1]
+        in_lookup = set(lookup)
+        self.valid = {g: [h for h in hard.get(g, []) if h in in_lookup] for g in lookup}
+        self.kept = [g for g in lookup if len(self.valid[g]) >= m - 1]
+        kept = set(self.kept)
+        # negatives a kept concept can draw that have no item: drawing one empties the step
+        self.empty_candidates = {g: [h for h in self.valid[g] if h not in kept] for g in self.kept}
         self.items = [(g, chunk) for g in self.kept for chunk in chunks[g]]
-        self.first_chunk = {g: chunks[g][0] for g in chunks}
+        self.first_chunk = {g: chunks[g][0] for g in self.kept}
         self.n, self.m, self.seed = n, m, seed
         self.order = EpochOrder(len(self.items), seed, stream=5)
         self.dropped = {"pairs_in_incomplete_chunks": sum(len(p) % n for p in pairs.values()),
-                        "concepts_without_m_minus_1_hard_negatives": len(chunks) - len(self.kept),
-                        "chunks_loaded_but_not_trained": len(self.items) - len(self),
-                        "anchors_with_dropped_candidates": sum(len(chunks[g]) for g in self.kept
-                                                               if set(self.valid[g]) - set(self.kept))}
+                        "concepts_without_m_minus_1_hard_negatives": sum(1 for c in chunks.values() if c) - len(kept),
+                        "anchors_that_can_come_back_empty": sum(1 for g, _ in self.items if self.empty_candidates[g]),
+                        "expected_empty_steps_per_epoch": round(sum(self.empty_chance(g) for g, _ in self.items), 1)}
 
     def __len__(self) -> int:
-        return len(self.items) // self.m  # their DataLoader: batch_size M, drop_last
+        return len(self.items)  # their DataLoader: batch size 1 (an item is a whole batch), drop_last drops none
 
     def anchor(self, epoch: int, index: int) -> Anchor:
-        group, chunk = self.items[self.order(epoch)[index * self.m]]  # their loop trains the first item of each loader batch
+        group, chunk = self.items[self.order(epoch)[index]]
         return Anchor(group, list(chunk), 0)
 
     def negatives(self, group: str, rng: np.random.Generator) -> list[str]:
-        """M-1 negative concepts of `group`, drawn with replacement from its valid hard negatives."""
+        """M-1 negative concepts of `group`, drawn with replacement from its hard negatives in the lookup."""
         valid = self.valid[group]
         return [valid[i] for i in rng.integers(len(valid), size=self.m - 1)]
+
+    def has_item(self, group: str) -> bool:
+        """Whether a drawn negative concept brings a chunk (it was kept); else the step is empty."""
+        return group in self.first_chunk
+
+    def empty_chance(self, group: str) -> float:
+        """Probability that an anchor of `group` draws at least one negative without a chunk."""
+        if not self.empty_candidates[group]:
+            return 0.0
+        return 1.0 - (1.0 - len(self.empty_candidates[group]) / len(self.valid[group])) ** (self.m - 1)
 
 
 def sample_pairs(pairs: list[Pair], n: int, rng: np.random.Generator) -> tuple[list[Pair], int]:

@@ -43,7 +43,9 @@ class Phase:
 
     name: Progress.phase (pretrain, re, train); losses: the Progress list of its epoch means; image_text: the
     phase counts images, data wait and compute time; keep_epoch_weights: train.keep_epoch_weights applies;
-    log(items, result): extra log.csv columns of a step.
+    log(items, result): extra log.csv columns of a step; empty(item): the micro-batch has nothing to train (the
+    authors' empty loader item): the step leaves it out, and a step whose micro-batches are all empty changes no
+    weight.
     """
 
     name: str
@@ -59,6 +61,7 @@ class Phase:
     image_text: bool = False
     keep_epoch_weights: bool = True
     log: Callable[[list[Any], dict[str, float]], dict[str, Any]] = lambda items, result: {}
+    empty: Callable[[Any], bool] = lambda item: False
 
     @property
     def steps_per_epoch(self) -> int:
@@ -182,8 +185,10 @@ def image_text(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase:
     module = wrap(GroupTask(bundle, objective, table, t.mask_identical_texts), info)
     per_epoch = described["optimizer_steps_per_epoch"]
     stepper = trainer.make_stepper(module, t.lr, t.epochs * per_epoch, "train", ckpt, objective)
+    empty = described.get("dropped_as_published", {}).get("expected_empty_steps_per_epoch")
     trainer.announce("image-text", per_epoch, t.epochs, f"train.epoch: {t.epoch}, {described['training_pairs']} "
-                     f"training pairs{objective.announce()}")
+                     f"training pairs{objective.announce()}"
+                     + (f", about {empty} empty steps an epoch, skipped as the authors' loop does" if empty else ""))
 
     def batches(epoch: int, first: int) -> Iterator[dict[str, Any]]:
         data = GroupBatchData(sampler, trainer.inputs.cache, epoch, first, info, text_rows, bundle.tokenizer,
@@ -193,4 +198,5 @@ def image_text(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase:
     return Phase("train", "image-text", t.epochs, len(sampler), batches, module, objective, stepper,
                  micro_batches=t.grad_accum, image_text=True,
                  log=lambda items, result: {"fallback_groups": sum(item["fallback_groups"] for item in items),
-                                            "repeated_images": sum(item["repeated_images"] for item in items)})
+                                            "repeated_images": sum(item["repeated_images"] for item in items)},
+                 empty=lambda item: item.get("empty", False))

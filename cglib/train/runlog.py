@@ -11,6 +11,8 @@ import numpy as np
 
 LOG_COLUMNS = ["phase", "epoch", "step", "global_step", "loss", "inner", "outer", "lr", "grad_norm",
                "images_per_s", "data_wait_s", "step_s", "fallback_groups", "repeated_images", "skipped", "wall_s",
+               # train.epoch: pairs_as_published only: 1 when the authors' loader item was empty (no update)
+               "empty",
                # loss: re runs only (cglib.train.re_run): the RE loss's parts, exterior angles in radians
                "re_mean", "re_minimax", "re_reg", "re_angle_pos", "re_angle_neg"]
 

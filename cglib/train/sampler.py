@@ -52,6 +52,9 @@ class GroupBatch:
     fallback: list[bool]  # per group: True when a negative is a fallback, not a hard negative (anchor: False)
     repeated_images: int = 0  # image slots filled by a repeat because the group has fewer than N images
     meta: dict = field(default_factory=dict)
+    # the authors' epoch only: a drawn negative concept has no chunk, their loader item is empty and their loop
+    # skips the step; `groups` holds the anchor and the draws, image_ids and texts are empty
+    empty: bool = False
 
     @property
     def anchor(self) -> str:
@@ -68,7 +71,7 @@ class GroupBatch:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return len(self.groups), len(self.image_ids[0])
+        return len(self.groups), len(self.image_ids[0]) if self.image_ids else 0
 
     def shard(self, rank: int, world_size: int) -> GroupBatch:
         """The contiguous slice of whole groups that DDP rank `rank` of `world_size` holds."""
@@ -79,7 +82,7 @@ class GroupBatch:
         per = m // world_size
         part = slice(rank * per, (rank + 1) * per)
         return GroupBatch(self.epoch, self.index, self.groups[part], self.image_ids[part], self.texts[part],
-                          self.fallback[part], self.repeated_images, dict(self.meta, rank=rank))
+                          self.fallback[part], self.repeated_images, dict(self.meta, rank=rank), self.empty)
 
 
 def _cycle(items: list, n: int, rng: np.random.Generator) -> tuple[list, int]:
@@ -131,8 +134,9 @@ class GroupBatchSampler:
         self._ancestors = {g: self._chain(g) for g in self.groups}
         self._hard = {g: [x for x in magic.negatives(g, include_fallback=False) if x in self._group_set]
                       for g in self.groups}
-        if epoch == "pairs_as_published":
-            self.plan = PublishedPairsEpoch(self.pairs, self.n, self.m, self._hard, seed)
+        if epoch == "pairs_as_published":  # their raw hard-negative lists: the first check counts them unfiltered
+            listed = {g: magic.negatives(g, include_fallback=False) for g in self.groups}
+            self.plan = PublishedPairsEpoch(self.pairs, self.n, self.m, listed, seed)
             if not len(self.plan):
                 raise ValueError(f"the authors' epoch (train.epoch: pairs_as_published) keeps no batch: "
                                  f"{len(self.plan.kept)} concepts have a complete chunk of N={self.n} pairs and M-1="
@@ -142,7 +146,8 @@ class GroupBatchSampler:
 
     # ------------------------------------------------------------------------------------ structure
     def __len__(self) -> int:
-        """Batches per epoch: every training pair once in chunks of N (pairs), or every group once (groups)."""
+        """Batches per epoch: every training pair once in chunks of N (pairs), every group once (groups), or every
+        complete chunk of a kept concept once, empty batches included (pairs_as_published)."""
         return len(self.plan)
 
     @property
@@ -216,6 +221,8 @@ class GroupBatchSampler:
         rng = np.random.default_rng([self.seed, epoch, index, 1])
         if self.epoch_kind == "pairs_as_published":  # with replacement, each negative concept's first chunk
             groups = [anchor.group, *self.plan.negatives(anchor.group, rng)]
+            if not all(self.plan.has_item(g) for g in groups[1:]):  # their item comes back empty: a skipped step
+                return GroupBatch(epoch, index, groups, [], [], [False] * len(groups), empty=True)
             chunks = [anchor.pairs, *(self.plan.first_chunk[g] for g in groups[1:])]
             return GroupBatch(epoch, index, groups, [[i for i, _ in c] for c in chunks], [[t for _, t in c] for c in chunks],
                               [False] * len(groups))

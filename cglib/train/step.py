@@ -101,9 +101,19 @@ class Stepper:
         """Accumulate gradients over `items` (one micro-batch each), clip, update; mean loss parts and lr.
 
         A step with non-finite gradients changes no weight (`skipped` = 1.0 in the result; see faults.py).
+        A step with no item (its micro-batches were the authors' empty loader items) changes no weight either
+        (`empty` = 1.0) and draws nothing; its schedule position passes, as their loop sets the lr before skipping.
         `on_update(result)` runs inside the same interrupt-proof section as the update, so bookkeeping
         (position, RNG snapshot) always matches the weights: an interruption lands before or after a whole step.
         """
+        if not items:
+            lr = self.scheduler.get_last_lr()[0]
+            with defer_interrupts():
+                self._advance_schedule()
+                result = {"loss": float("nan"), "grad_norm": float("nan"), "lr": lr, "skipped": 0.0, "empty": 1.0}
+                if on_update is not None:
+                    on_update(result)
+            return result
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, torch.Tensor] = {}
         ddp = isinstance(self.module, DistributedDataParallel)
@@ -125,15 +135,18 @@ class Stepper:
                 self.scaler.update()
             elif ok:
                 self.optimizer.step()
-            # the schedule advances either way, so a skipped step never shifts the lr of later steps
-            with warnings.catch_warnings():  # torch warns when no optimizer.step() preceded it: intended here
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
-                self.scheduler.step()
+            self._advance_schedule()
             result = {**{k: float(v) for k, v in totals.items()}, "grad_norm": float(grad_norm), "lr": lr,
                       "skipped": 0.0 if ok else 1.0}
             if on_update is not None:
                 on_update(result)
         return result
+
+    def _advance_schedule(self) -> None:
+        """The schedule advances after every step, taken or skipped, so a skipped step never shifts later lrs."""
+        with warnings.catch_warnings():  # torch warns when no optimizer.step() preceded it: intended here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

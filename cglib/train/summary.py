@@ -118,6 +118,8 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "steps_per_epoch": (phases["sampler"] or {}).get("optimizer_steps_per_epoch"),
         "pretrain_steps_per_epoch": (phases["pretraining"] or {}).get("batches_per_epoch"),
         "steps": s.step, "pretrain_steps": s.pretrain_steps, "skipped_steps": s.skipped_steps,
+        # train.epoch: pairs_as_published: steps (counted in `steps`) whose loader item came back empty, skipped
+        "empty_steps": s.empty_steps,
         "images_seen": s.images, "wall_time_s": round(trainer.clock(), 2),
         "images_per_s": s.images / s.compute_s if s.compute_s else None,
         "images_per_s_with_data": s.images / (s.compute_s + s.data_wait_s) if s.compute_s else None,
@@ -167,6 +169,8 @@ def summary_table(summaries: dict[str, dict[str, Any]]):
                "wall time (s)": s["wall_time_s"], "images/s": round(s["images_per_s"] or float("nan"), 1),
                "loss, first epoch": round(losses_[0], 4), "loss, last epoch": round(losses_[-1], 4),
                "batches with fallback negatives": s["fallback_batches"]}
+        if s.get("empty_steps"):  # the authors' epoch: steps skipped on an empty loader item
+            row["empty steps (skipped)"] = s["empty_steps"]
         if s.get("hard_negatives"):  # loss: clip_hn: pairs of all epochs without a keyword (no hard negative)
             row["pairs without keyword"] = s["hard_negatives"]["pairs_without_keyword"]
         for tower in ("image", "text"):

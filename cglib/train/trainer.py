@@ -189,6 +189,7 @@ class Trainer:
                "global_step": self.state.global_step, "loss": result["loss"],
                "inner": result.get("inner", float("nan")), "outer": result.get("outer", float("nan")),
                "lr": result["lr"], "grad_norm": result["grad_norm"], "skipped": int(result.get("skipped", 0)),
+               "empty": int(result.get("empty", 0)),
                "images_per_s": images / max(step_s, 1e-9) if images else float("nan"),
                "data_wait_s": wait, "step_s": step_s, "wall_s": round(self.clock(), 3), **extra}
         self.log.row({k: row.get(k, "") for k in LOG_COLUMNS})
@@ -221,7 +222,8 @@ class Trainer:
                 wait = time.perf_counter() - tick
                 images = sum(item["global_images"] for item in items) if phase.image_text else 0
                 advance = functools.partial(self._advance, phase, items, images, wait, tick)
-                result = phase.stepper.step(items, phase.loss, advance)
+                trained = [item for item in items if not phase.empty(item)]
+                result = phase.stepper.step(trained, phase.loss, advance)
                 self._record(s.epoch, result, images, wait, time.perf_counter() - tick, phase.log(items, result))
                 bar.update(1)
                 if s.step % self.t.log_every == 0:
