@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from cglib.run import runner_gone
+
+Resume = Callable[[str], str]  # a stopped stage's notebook number -> the command that resumes the run there
 
 
 def _read_json(path: Path) -> dict | None:
@@ -52,7 +55,7 @@ def _before(earlier: str, later: str) -> bool:
     return datetime.fromisoformat(earlier) < datetime.fromisoformat(later)
 
 
-def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
+def _abstraction(run_dir: Path, summary: dict, resume: Resume | None) -> dict:
     """The abstraction stage: this attempt's account as the engine recorded it, and the files on disk that an
     earlier attempt wrote (named with that attempt's time and status, never added to this one's account)."""
     from cglib.llm.engine import CHAINS_FILE, load_attempts  # lazy: the engine pulls in every backend
@@ -61,8 +64,9 @@ def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
            "failed": _counts(summary.get("failed_images_by_reason")), "llm": summary.get("account"),
            "cache_rebuilt": summary.get("cache_rebuilt"), "attempt": summary.get("attempt")}
     if summary.get("status") not in (None, "complete"):
-        out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
-        out["resume"] = resume and f"{resume} --from 02"
+        out["failed"][_stop_reason(summary)] = 1
+        out["stop_error"] = summary.get("error")
+        out["resume"] = resume and resume("02")
     chains = run_dir / "abstraction" / CHAINS_FILE
     attempt = summary.get("attempt") or {}
     if chains.is_file() and attempt and not attempt.get("chains_written"):
@@ -77,7 +81,12 @@ def _abstraction(run_dir: Path, summary: dict, resume: str | None) -> dict:
     return out
 
 
-def _generalize(summary: dict, resume: str | None) -> dict:
+def _stop_reason(summary: dict) -> str:
+    """A stopped LLM stage's failure reason: what stopped it, in a few words (the whole message is `stop_error`)."""
+    return f"stopped by {(summary.get('account') or {}).get('stopped_by') or 'an error'}"
+
+
+def _generalize(summary: dict, resume: Resume | None) -> dict:
     """Notebook 03's generalized captions: the LLM account of its last attempt (the same as the chains'). Units
     whose requests failed keep their original captions and are counted by the magic stage, so only a stop is a
     loss here."""
@@ -85,12 +94,13 @@ def _generalize(summary: dict, resume: str | None) -> dict:
     out = {"kept": summary.get("ok", 0), "unit": "generalized-caption requests answered (generalized.jsonl)",
            "skipped": {}, "failed": {}, "llm": account}
     if summary.get("status") not in (None, "complete"):
-        out["failed"]["stopped: " + str(summary.get("error", ""))[:120]] = 1
-        out["resume"] = resume and f"{resume} --from 03"
+        out["failed"][_stop_reason(summary)] = 1
+        out["stop_error"] = summary.get("error")
+        out["resume"] = resume and resume("03")
     return out
 
 
-def _training(run_dir: Path, summaries: list[Path], resume: str | None, attempt_started: str | None) -> dict:
+def _training(run_dir: Path, summaries: list[Path], resume: Resume | None, attempt_started: str | None) -> dict:
     """Per run and training seed, the account of the attempt that finished it (steps and epochs kept from a
     checkpoint, trained now, repeated after a kill), the image cache's account, and the runs an interrupted
     attempt left with a checkpoint and no final weights (still to resume). A run finished before this attempt
@@ -122,7 +132,7 @@ def _training(run_dir: Path, summaries: list[Path], resume: str | None, attempt_
     if waiting:
         out["failed"] = {"interrupted, a checkpoint waits": len(waiting)}
         out["interrupted"] = waiting
-        out["resume"] = resume and f"{resume} --from 05"
+        out["resume"] = resume and resume("05")
     return out
 
 
@@ -133,13 +143,14 @@ def _search(summary: dict) -> dict:
             "skipped": {}, "failed": {}, "trials": account}
 
 
-def stage_summaries(run_dir: Path, resume: str | None = None) -> dict[str, dict]:
+def stage_summaries(run_dir: Path, resume: Resume | None = None) -> dict[str, dict]:
     """Per stage that has run: what it kept, skipped by reason and failed by reason, read from the files the
     stages write (captions/summary.json, abstraction/summary.json and generalize_summary.json, magic/stats.json,
     training/*/summary.json, evaluation/results.json, search/*/search.json), with each stage's account (the LLM
     stages', training's per run and seed with the image cache's, the search study's). A stage whose files are
     older than an earlier stage's last run is marked `earlier_run` (its numbers come from another run).
-    `resume`: the command (without --from) that resumes a stopped stage."""
+    `resume`: the command that resumes a stage stopped in notebook NN, as a function of NN
+    (`cglib.pipeline.resume_command`)."""
     run_dir = Path(run_dir)
     out: dict[str, dict] = {}
     ran_at: dict[str, float] = {}  # when each stage last ran (its files' time)
@@ -229,6 +240,8 @@ def _llm_lines(s: dict) -> list[str]:
         lines.append(f"{pad}stopped ({a['stopped_by']}): {asked} of {a['items']} asked ({cached} from the cache), "
                      f"{a['never_asked']} never asked, ${cost['spent']:.4f} spent"
                      + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
+        if s.get("stop_error"):
+            lines.append(f"{pad}why: {s['stop_error']}")
     if s.get("cache_rebuilt"):
         from cglib.llm.cache import rebuilt_message  # lazy: only a run whose cache was rebuilt needs it
 

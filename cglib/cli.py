@@ -41,15 +41,15 @@ def _run(args: argparse.Namespace) -> int:
     params = load_params(args.params, check_paths=not args.no_check_paths)
     notebooks_dir = Path(args.notebooks) if args.notebooks else default_notebook_dir()
     try:
-        notebooks = select_notebooks(discover_notebooks(notebooks_dir),
-                                     only=args.only.split(",") if args.only else None, start=args.start)
+        available = discover_notebooks(notebooks_dir)
+        notebooks = select_notebooks(available, only=args.only.split(",") if args.only else None, start=args.start)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run_dir = Path(args.out) if args.out else params.run_dir()
     print(f"Run '{params.run.name}' -> {run_dir} ({len(notebooks)} notebooks)")
     try:
-        results = run_series(params, Path(args.params), run_dir, notebooks, kernel=args.kernel)
+        results = run_series(params, Path(args.params), run_dir, notebooks, kernel=args.kernel, available=available)
     except NotebookFailed as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         _print_summary(run_dir, file=sys.stderr)
@@ -98,7 +98,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s" +
               (f"  {nb['error']}" if nb.get("error") else ""))
     # read the stages now, not run.json's summary: a search or a `python -m cglib.train` after the run is shown too
-    stages = stage_summaries(run_dir, resume=resume_command(manifest.get("params_file", "PARAMS"), run_dir))
+    stages = stage_summaries(run_dir, resume=resume_command(manifest.get("params_file", "PARAMS"), run_dir,
+                                                            **(manifest.get("scope") or {})))
     for line in summary_lines(stages):
         print(line)
     if status == "interrupted":

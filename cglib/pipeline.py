@@ -6,10 +6,12 @@ records params, git commit, package versions and each notebook's status and dura
 the series and is reported by notebook, cell and exception.
 
 Kernels of a run get `CGLIB_HEADLESS=1` (unless already set), so explorers render statically and open no widget
-comm, and progress bars are text bars left at their final count (`cglib.frontend`); and matplotlib's inline backend
-whatever MPLBACKEND the caller exported, so the figures cells show are saved in the executed notebooks. A cell that sends nothing
-for `run.cell_silence_s` is treated as hung: its kernel is interrupted (killed if that does not help) and the
-run fails naming the notebook and the cell, instead of waiting for `run.cell_timeout_s`.
+comm, and progress bars are text bars left at their final count (`cglib.frontend`); matplotlib's inline backend
+whatever MPLBACKEND the caller exported, so the figures cells show are saved in the executed notebooks; and the
+runner's PID, so a kernel dies with its runner (`cglib.kernel_guard`; papermill starts it in a session of its
+own). A cell that sends nothing for `run.cell_silence_s` is treated as hung: its kernel is interrupted (killed if
+that does not help) and the run fails naming the notebook and the cell, instead of waiting for
+`run.cell_timeout_s`.
 
 At the end (finished or failed) run.json gets `summary`: per stage, what it kept, skipped by reason and failed
 by reason, read from the files the stages write (`cglib.accounts`), and `skipped_or_failed`, their total
@@ -25,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -34,6 +36,7 @@ from pathlib import Path
 from cglib.accounts import losses, stage_summaries
 from cglib.config import Params
 from cglib.frontend import HEADLESS_ENV
+from cglib.kernel_guard import KERNEL_ARGUMENTS, RUNNER_PID_ENV
 from cglib.llm.base import redact
 from cglib.run import REPO_ROOT, provenance, runner_identity, save_params, write_json
 
@@ -221,11 +224,13 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 @contextmanager
 def headless_kernels() -> Iterator[None]:
-    """Kernels started inside get CGLIB_HEADLESS=1, unless the user set the variable (then theirs wins), and
-    matplotlib's inline backend (MPLBACKEND), so figures shown by cells are saved in the executed notebooks."""
-    saved = {key: os.environ.get(key) for key in (HEADLESS_ENV, "MPLBACKEND")}
+    """Kernels started inside get CGLIB_HEADLESS=1, unless the user set the variable (then theirs wins),
+    matplotlib's inline backend (MPLBACKEND), so figures shown by cells are saved in the executed notebooks, and
+    this process's PID, so that they stop at once when it dies (`cglib.kernel_guard`)."""
+    saved = {key: os.environ.get(key) for key in (HEADLESS_ENV, "MPLBACKEND", RUNNER_PID_ENV)}
     os.environ.setdefault(HEADLESS_ENV, "1")
     os.environ["MPLBACKEND"] = INLINE_BACKEND
+    os.environ[RUNNER_PID_ENV] = str(os.getpid())
     try:
         yield
     finally:
@@ -247,7 +252,7 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict, kernel: str
             papermill.execute_notebook(
                 str(notebook), str(output), kernel_name=kernel, cwd=str(cwd or notebook.parent),
                 parameters=parameters, execution_timeout=timeout_s, progress_bar=True,
-                request_save_on_cell_execute=True, coalesce_streams=True,
+                request_save_on_cell_execute=True, coalesce_streams=True, extra_arguments=KERNEL_ARGUMENTS,
                 engine_name=_watched_engine(watch) if watch else None)
         except Exception as exc:  # whatever the kernel did after the interrupt: re-raised unless silent
             if watch is not None and watch.fired is not None:
@@ -260,8 +265,10 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict, kernel: str
 
 
 def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list[Path],
-               kernel: str = DEFAULT_KERNEL, log=print) -> list[NotebookResult]:
-    """Execute `notebooks` in order into `run_dir/notebooks/`; write run.json after each; stop at a failure."""
+               kernel: str = DEFAULT_KERNEL, log=print, available: list[Path] | None = None) -> list[NotebookResult]:
+    """Execute `notebooks` in order into `run_dir/notebooks/`; write run.json after each; stop at a failure.
+    `available`: every notebook of the folder they were selected from (default: `notebooks`), so that the
+    command printed to resume a stopped stage runs only what was asked (`resume_command`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     executed_dir = run_dir / "notebooks"
     executed_dir.mkdir(exist_ok=True)
@@ -269,14 +276,17 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
     kernel = ensure_kernel(kernel)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     results: list[NotebookResult] = []
+    folder = notebooks[0].parent if notebooks else default_notebook_dir()
+    scope = {"asked": [p.name[:2] for p in notebooks], "available": [p.name[:2] for p in available or notebooks],
+             "notebook_dir": None if folder.resolve() == default_notebook_dir().resolve() else str(folder)}
     manifest = provenance(params, params_file=str(params_path.resolve()), run_dir=str(run_dir.resolve()),
-                          kernel=kernel, started=started, runner=runner_identity())
+                          kernel=kernel, started=started, runner=runner_identity(), scope=scope)
 
     def save(status: str) -> None:
         manifest.update(status=status, notebooks=[r.as_dict() for r in results],
                         total_s=round(sum(r.duration_s for r in results), 2))
         if status != "running":  # the end of the run: what every stage kept, skipped and failed
-            manifest["summary"] = stage_summaries(run_dir, resume=resume_command(params_path, run_dir))
+            manifest["summary"] = stage_summaries(run_dir, resume=resume_command(params_path, run_dir, **scope))
             manifest["skipped_or_failed"] = losses(manifest["summary"])
         write_json(run_dir / "run.json", manifest)
 
@@ -310,10 +320,23 @@ def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_
         save("running")
 
 
-def resume_command(params_path: Path, run_dir: Path, notebook: str | None = None) -> str:
-    """The command that runs the series again from `notebook` into the same run folder (without `notebook`: the
-    command a stage completes with its own `--from NN`)."""
-    return f"cglib run {params_path} --out {run_dir}" + (f" --from {notebook}" if notebook else "")
+def resume_command(params_path: Path | str, run_dir: Path | str, asked: list[str] | None = None,
+                   available: list[str] | None = None, notebook_dir: str | None = None) -> Callable[[str], str]:
+    """The command that resumes a run stopped in notebook NN, as a function of NN: it runs again, into the same
+    run folder, what the run was asked to run from NN on. `--from NN` when that is every notebook from NN (or the
+    run's scope is unknown), else `--only` those notebooks: a run of `--only 00,01,02` stopped in 02 resumes with
+    `--only 02`, never with 03 onwards. `asked` and `available` are notebook numbers (run.json's `scope`)."""
+    base = f"cglib run {params_path} --out {run_dir}" + (f" --notebooks {notebook_dir}" if notebook_dir else "")
+
+    def command(notebook: str) -> str:
+        if asked is None or available is None:
+            return f"{base} --from {notebook}"
+        wanted = sorted({n for n in asked if n >= notebook} | {notebook})
+        if wanted == sorted(n for n in available if n >= notebook):
+            return f"{base} --from {notebook}"
+        return f"{base} --only {','.join(wanted)}"
+
+    return command
 
 
 def default_notebook_dir() -> Path:

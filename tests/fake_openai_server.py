@@ -18,7 +18,8 @@ error file the first time. `latency_s` is added to every chat request; `usage_fa
 the token usage reported (a server whose tokens cost more than the chars/4 estimate).
 
 Counters: `counts` (requests per input), `attempt_times`, `max_in_flight`, `auth_headers`, `batch_ids`,
-`last_body`. `echo_auth_status` (e.g. 401) answers every chat request with that status and an error message
+`last_body`; `answered` (per input, HTTP 200 replies written out whole to a client still connected) and
+`asked_again` (requests for an input already answered: what a client that lost answers pays twice). `echo_auth_status` (e.g. 401) answers every chat request with that status and an error message
 that echoes the request's Authorization header, as some servers do.
 Run standalone for benchmarks: `python tests/fake_openai_server.py --latency 0.1` prints the base URL.
 """
@@ -30,6 +31,8 @@ import email.parser
 import hashlib
 import json
 import re
+import select
+import socket
 import sys
 import threading
 import time
@@ -62,6 +65,10 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # many clients connect at once at high concurrency
 
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionResetError):  # a killed client: expected, not news
+            super().handle_error(request, client_address)
+
 
 class FakeOpenAIServer:
     """Threaded fake server; use as a context manager; `url` is the base URL for the openai client."""
@@ -79,6 +86,8 @@ class FakeOpenAIServer:
         self.echo_auth_status: int | None = None
         self.lock = threading.Lock()
         self.counts: Counter = Counter()
+        self.answered: Counter = Counter()
+        self.asked_again = 0
         self.batch_counts: Counter = Counter()
         self.attempt_times: dict[str, list[float]] = defaultdict(list)
         self.auth_headers: set[str] = set()
@@ -110,6 +119,7 @@ class FakeOpenAIServer:
         self.last_body = body
         last = messages[-1]["content"]
         with self.lock:
+            self.asked_again += 1 if self.answered[key] else 0
             self.counts[key] += 1
             attempt = self.counts[key] - 1
             self.attempt_times[key].append(time.monotonic())
@@ -228,7 +238,8 @@ class FakeOpenAIServer:
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
-            def _send(self, status: int, payload: Any, headers: dict | None = None, raw: bytes | None = None) -> None:
+            def _send(self, status: int, payload: Any, headers: dict | None = None, raw: bytes | None = None) -> bool:
+                """Write the response; False when the client had gone."""
                 data = raw if raw is not None else json.dumps(payload).encode()
                 headers = dict(headers or {})
                 kind = headers.pop("Content-Type", "application/json" if raw is None else "application/octet-stream")
@@ -240,8 +251,20 @@ class FakeOpenAIServer:
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(data)
+                    self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
-                    pass
+                    return False
+                return True
+
+            def _client_gone(self) -> bool:
+                """Whether the client closed the connection while its request was served (a killed process):
+                a reply written now is never read."""
+                if not select.select([self.connection], [], [], 0)[0]:
+                    return False
+                try:
+                    return self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    return True
 
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -255,6 +278,7 @@ class FakeOpenAIServer:
                         server.in_flight += 1
                         server.total += 1
                         server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                    key = None
                     try:
                         if server.latency_s:
                             time.sleep(server.latency_s)
@@ -265,14 +289,20 @@ class FakeOpenAIServer:
                                 "https://platform.openai.com/account/api-keys.", "invalid_request_error",
                                 "invalid_api_key")
                         else:
-                            status, headers, payload = server.chat(json.loads(raw))
+                            body = json.loads(raw)
+                            key = input_key(body["messages"])
+                            status, headers, payload = server.chat(body)
                     finally:
                         with server.lock:
                             server.in_flight -= 1
+                    gone = self._client_gone()
                     if isinstance(payload, bytes):
-                        self._send(status, None, headers, raw=payload)
+                        sent = self._send(status, None, headers, raw=payload)
                     else:
-                        self._send(status, payload, headers)
+                        sent = self._send(status, payload, headers)
+                    if sent and not gone and status == 200 and key is not None:
+                        with server.lock:
+                            server.answered[key] += 1
                 elif self.path == "/v1/files":
                     msg = email.parser.BytesParser().parsebytes(
                         b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + raw)

@@ -28,6 +28,7 @@ from cglib.llm.base import Outcome
 from cglib.llm.budget_check import check_budget
 from cglib.llm.cache import CacheRebuiltWarning, ResultCache
 from cglib.llm.engine import make_backend
+from cglib.pipeline import resume_command
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer
@@ -154,7 +155,7 @@ def test_capped_run_says_it_stopped_and_how_to_resume(attempts):
     assert (f"stopped (llm.max_cost_usd): {a['answered'] + a['failed']} of {ITEMS} asked (0 from the cache), "
             f"{a['never_asked']} never "
             f"asked, ${a['cost_usd']['spent']:.4f} spent; resume with: cglib run {attempts['params']} --out "
-            f"{attempts['run_dir']} --from 02") in capped["text"]
+            f"{attempts['run_dir']} --only 02") in capped["text"]  # the run was --only 02
     assert a["cost_usd"]["spent"] <= attempts["cap"]
 
 
@@ -171,6 +172,27 @@ def test_resumed_run_on_a_faulty_server_counts_its_retries_and_repeats_nothing(a
     assert all(f"{k}: {v}" in attempts["resumed"]["text"] for k, v in retries.items())
 
 
+def test_the_printed_resume_command_runs_what_was_asked_and_not_yet_done(attempts):
+    """The capped attempt ran `--only 02`: its resume command runs notebook 02 again, not 02 onwards."""
+    capped = attempts["capped"]
+    command = f"cglib run {attempts['params']} --out {attempts['run_dir']} --only 02"
+    assert capped["stage"]["resume"] == command and f"resume with: {command}\n" in capped["text"]
+
+
+def test_resume_command_keeps_the_scope_of_the_run():
+    """From the stopped stage's notebook on: the notebooks asked for (`--only`), or `--from` when that is all."""
+    available = [f"{n:02d}" for n in range(10)]
+    resume = resume_command("p.yaml", "out", ["00", "01", "02"], available)
+    assert resume("02") == "cglib run p.yaml --out out --only 02"
+    assert resume_command("p.yaml", "out", ["01", "02", "05"], available)("02") == \
+        "cglib run p.yaml --out out --only 02,05"
+    assert resume_command("p.yaml", "out", ["03", "05"], available)("02") == "cglib run p.yaml --out out --only 02,03,05"
+    assert resume_command("p.yaml", "out", available[3:], available)("05") == "cglib run p.yaml --out out --from 05"
+    assert resume_command("p.yaml", "out", available, available, "my/nbs")("02") == \
+        "cglib run p.yaml --out out --notebooks my/nbs --from 02"
+    assert resume_command("p.yaml", "out")("03") == "cglib run p.yaml --out out --from 03"  # scope unknown
+
+
 def test_truncated_cache_keeps_what_is_readable_and_asks_only_the_rest(attempts):
     """A cache cut in half: the rows still readable are kept (most of them), the terminal and the summary say how
     many and what is left to ask with its estimated cost, and exactly the lost answers are asked again."""
@@ -182,6 +204,9 @@ def test_truncated_cache_keeps_what_is_readable_and_asks_only_the_rest(attempts)
     assert a["answered"] == ITEMS - info["recovered"] == rebuilt["requests"] <= info["to_ask"]
     assert f"new cache started with the {info['recovered']:,} answers still readable" in rebuilt["text"]
     assert f"{info['to_ask']:,} chain requests must be asked (again), about $" in rebuilt["text"]
+    # no cap was set for this attempt: the message says so, and claims none
+    assert "(no llm.max_cost_usd is set: nothing caps what they cost)" in rebuilt["text"]
+    assert "within llm.max_cost_usd" not in rebuilt["text"]
 
 
 def test_a_rebuild_that_would_pass_the_cap_stops_before_sending(attempts):
@@ -192,6 +217,7 @@ def test_a_rebuild_that_would_pass_the_cap_stops_before_sending(attempts):
     assert refused["code"] == 1 and refused["requests"] == 0 and a["stopped_by"] == "llm.max_cost_usd"
     assert 0 < info["to_ask"] < ITEMS / 2 and info["recovered"] > ITEMS / 2  # one page lost, the rest kept
     assert a["never_asked"] == ITEMS and "cache rebuilt:" in refused["text"]
+    assert "passes llm.max_cost_usd ($0.0000), so nothing was sent" in refused["text"]
 
 
 def test_fatal_error_over_an_earlier_result_names_the_other_attempt(attempts):
@@ -208,6 +234,10 @@ def test_fatal_error_over_an_earlier_result_names_the_other_attempt(attempts):
     assert f"chains.jsonl on disk is from another attempt (started {other['started']}, complete, 104 chains)" \
         in fatal["text"]
     assert fatal["stage"]["kept"] == 0
+    # the stop's reason is a closed phrase; the server's whole message is a line of its own
+    line = next(x for x in fatal["text"].splitlines() if x.strip().startswith("abstraction"))
+    assert line.endswith("failed 1 (stopped by fatal_error: 1)"), line
+    assert "why: the server refused the request (HTTP 401: " in fatal["text"]
 
 
 def test_notebook_shows_the_account_and_the_rebuilt_cache(attempts):

@@ -16,13 +16,21 @@ from pathlib import Path
 import optuna
 import pytest
 from postgres_server import postgres_server, why_no_postgres
-from test_search import child_env, cli, make_search_run, study_of
+from test_search import child_env, make_search_run, study_of
 
 from cglib.cli import main as cli_main
 from cglib.config import load_params
 from cglib.run import RunContext
 from cglib.search.storage import database_url
-from cglib.search.study import Objective, SurplusTrial, run_search, suggest, surplus
+from cglib.search.study import (
+    Objective,
+    SurplusTrial,
+    TrialSeededTPESampler,
+    run_search,
+    suggest,
+    surplus,
+    trial_seed,
+)
 
 State = optuna.trial.TrialState
 FINISHED = (State.COMPLETE, State.PRUNED)
@@ -86,21 +94,62 @@ def started(log: Path) -> list[tuple[int, int]]:
     return [(int(n), int(p)) for n, p in STARTED.findall(log.read_text())]
 
 
+# Two workers released at the same instant: each has imported torch, Optuna and the CLI, then waits for `go`.
+TOGETHER = """
+import sys, time
+from pathlib import Path
+import cglib.search.study  # the slow imports, before the start line
+from cglib.cli import main
+ready, go = Path(sys.argv[1]), Path(sys.argv[2])
+ready.touch()
+while not go.exists():
+    time.sleep(0.001)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def start_together(args: list[str], logs: list[Path], folder: Path) -> list[subprocess.Popen]:
+    """One `cglib ARGS` process per log, all released together once every one has imported its libraries."""
+    go = folder / "go"
+    ready = [folder / f"ready-{k}" for k in range(len(logs))]
+    workers = [subprocess.Popen([sys.executable, "-c", TOGETHER, str(flag), str(go), *args], env=child_env(),
+                                stdout=log.open("w"), stderr=subprocess.STDOUT) for flag, log in zip(ready, logs)]
+    deadline = time.monotonic() + 120
+    while not all(flag.exists() for flag in ready):
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), [
+            log.read_text()[-2000:] for log in logs]
+        time.sleep(0.02)
+    go.touch()
+    return workers
+
+
+def assert_distinct_values(trials: list[optuna.trial.FrozenTrial]) -> None:
+    """No two trials that drew values drew the same ones, except a retry (`retry_of`) of the trial it repeats."""
+    first: dict[tuple, int] = {}
+    for t in trials:
+        if not t.params:  # a surplus trial yields before drawing
+            continue
+        values = tuple(sorted(t.params.items()))
+        if values in first:
+            assert t.user_attrs.get("retry_of") == first[values], (
+                f"trials {first[values]} and {t.number} ran the same values {dict(values)}")
+        else:
+            first[values] = t.number
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("storage", ["postgresql", "journal"])
 def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_path, storage, request):
-    """Workers A and B run `cglib search --trials 5` on one study, both run trials; A is SIGKILLed after epoch 1 (of
-    6) of its second trial. B fails A's trial, runs its values again, and exits once the study holds exactly 5
+    """Workers A and B, released at the same instant, run `cglib search --trials 5` on one study; no two trials
+    ran the same values except the retry of A's killed trial (with one seed for every worker, their random
+    startup trials were identical); A is SIGKILLed after epoch 1 (of 6) of its second trial. B fails A's trial, runs its values again, and exits once the study holds exactly 5
     finished trials and nothing RUNNING or WAITING; no trial number was started twice; search.json's counts are
     the database's; the best params file validates."""
     url = request.getfixturevalue("postgres")("killed") if storage == "postgresql" else "journal:search/tiny.journal"
     path, run_dir = make_search_run(tmp_path, storage=url, trials=5, epochs=EPOCHS, pruner_startup_trials=10,
                                     heartbeat_s=1)
-    command = cli("search", str(path), "--run-dir", str(run_dir), "--quiet")
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    workers = [subprocess.Popen(command, env=child_env(), stdout=log.open("w"), stderr=subprocess.STDOUT)
-               for log in logs]
-    a, b = workers
+    a, b = start_together(["search", str(path), "--run-dir", str(run_dir), "--quiet"], logs, tmp_path)
     deadline, victim = time.monotonic() + 300, None
     while victim is None and time.monotonic() < deadline and a.poll() is None:
         time.sleep(0.05)
@@ -111,10 +160,12 @@ def test_two_workers_one_killed_mid_trial_end_with_exactly_the_trials_asked(tmp_
     assert victim is not None, f"A never reached epoch 1 of a second trial: {logs[0].read_text()[-3000:]}"
     a.wait(timeout=30)
     killed = study_of(path, run_dir).trials[victim]
-    assert killed.state == State.RUNNING and len(killed.intermediate_values) < EPOCHS  # killed mid-trial
+    # killed mid-trial; B may have failed it already (its process is gone, seen at B's next poll)
+    assert killed.state in (State.RUNNING, State.FAIL) and len(killed.intermediate_values) < EPOCHS
     assert b.wait(timeout=300) == 0, logs[1].read_text()[-3000:]
 
     trials = study_of(path, run_dir).trials
+    assert_distinct_values(trials)
     runs = started(logs[0]) + started(logs[1])
     assert sorted(n for n, _ in runs) == sorted({n for n, _ in runs})  # no trial number started twice
     assert trials[victim].state == State.FAIL
@@ -158,3 +209,20 @@ def test_a_silent_worker_on_another_machine_is_waited_for_then_its_trial_runs_he
     assert trials[1].user_attrs["retry_of"] == 0 and trials[1].params == values
     assert trials[1].user_attrs["worker"]["pid"] == os.getpid()
     assert result.summary["trials"]["COMPLETE"] == 1 and result.summary["trials"]["RUNNING"] == 0
+
+
+# ------------------------------------------------------------------------------------------ the draws
+def test_each_trial_draws_from_its_own_seed_and_the_same_trial_repeats_its_values():
+    """Two trials asked before either draws (two workers started together, both in the random startup phase)
+    draw different values; another study with the same search.sampler_seed draws the same values for the same
+    trial numbers (a study stays reproducible), and another seed draws others."""
+    def draws(seed: int, trials: int = 4) -> list[dict]:
+        study = optuna.create_study(sampler=TrialSeededTPESampler(seed, n_startup_trials=10))
+        asked = [study.ask() for _ in range(trials)]  # every trial RUNNING before any draws, as racing workers
+        return [{"lr": t.suggest_float("lr", 1e-10, 1e-4, log=True), "tau": t.suggest_float("tau", 0.1, 1.0),
+                 "groups": t.suggest_int("groups", 2, 10)} for t in asked]
+
+    first = draws(0)
+    assert len({tuple(d.values()) for d in first}) == 4
+    assert draws(0) == first and draws(1) != first
+    assert trial_seed(0, 0) != trial_seed(0, 1) != trial_seed(1, 0)

@@ -32,6 +32,7 @@ from cglib.config import Params
 from cglib.llm import GroupRequest, generalize_groups
 from cglib.llm.base import BudgetExceededError
 from cglib.magic.schema import save_magic
+from cglib.pipeline import resume_command
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer
@@ -86,7 +87,7 @@ def training(tmp_path_factory) -> dict:
     first.wait(timeout=60)
     assert first.returncode == -signal.SIGKILL, f"not killed in seed 1's second epoch: {first.stdout.read()[-2000:]}"
     out = {"run_dir": run_dir, "per_epoch": per_epoch, "logged_before_resume": _log_rows(log1),
-           "interrupted": stage_summaries(run_dir, resume=f"cglib run {params} --out {run_dir}")}
+           "interrupted": stage_summaries(run_dir, resume=resume_command(params, run_dir))}
     second = _train(params, run_dir)
     text = second.communicate(timeout=300)[0]
     assert second.returncode == 0, text[-3000:]
@@ -183,14 +184,14 @@ def test_generalized_captions_give_the_llm_account_and_its_terminal_line(tmp_pat
                 "backoff_max_s": 0.05, "timeout_s": 5.0, "concurrency": 1}
         return Params.model_validate({"llm": {**base, **llm}})
 
-    resume = f"cglib run p.yaml --out {tmp_path}"
+    resume = f"cglib run p.yaml --out {tmp_path}"  # a run of the whole series: resumed --from its stage
     with FakeOpenAIServer(usage_factor=10) as server:
         one = generalize_groups(reqs[:1], params(server), tmp_path / "probe", progress=False).summary["cost_usd"]
         start = server.total
         with pytest.raises(BudgetExceededError):
             generalize_groups(reqs, params(server, max_cost_usd=4.5 * one), tmp_path, progress=False)
         capped_requests = server.total - start
-        capped = stage_summaries(tmp_path, resume=resume)["generalize"]
+        capped = stage_summaries(tmp_path, resume=resume_command("p.yaml", tmp_path))["generalize"]
         a = capped["llm"]
         assert a["adds_up"] and a["items"] == 10 and a["status"] == "stopped" and a["stopped_by"] == "llm.max_cost_usd"
         assert a["answered"] + a["failed"] + a["never_asked"] == 10 and a["never_asked"] > 0

@@ -154,7 +154,16 @@ def rebuilt_message(rebuilt: dict[str, Any]) -> str:
             "readable in it")
     if rebuilt.get("to_ask") is not None:
         text += (f"; {rebuilt['to_ask']:,} chain requests must be asked (again), about "
-                 f"${rebuilt['to_ask_cost_usd']:.4f}, within llm.max_cost_usd")
+                 f"${rebuilt['to_ask_cost_usd']:.4f}")
+        if "max_cost_usd" in rebuilt:  # recorded since the cap is named here
+            cap = rebuilt["max_cost_usd"]
+            if cap is None:
+                text += " (no llm.max_cost_usd is set: nothing caps what they cost)"
+            elif rebuilt["run_estimate_usd"] > cap:
+                text += (f"; with the rest of the run (about ${rebuilt['run_estimate_usd']:.4f}) that passes "
+                         f"llm.max_cost_usd (${cap:.4f}), so nothing was sent")
+            else:
+                text += f", within llm.max_cost_usd (${cap:.4f})"
     return text
 
 

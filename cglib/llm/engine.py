@@ -2,8 +2,8 @@
 
 Level by level: level 1 asks for each image's l1 concept from all its captions; level k asks for the next,
 more general concept from the captions and the chain so far. Every request goes through the on-disk cache
-(a killed run resumes with zero repeated requests for finished items), identical requests are sent once,
-and every failure is recorded with its reason; an image whose level k fails has no chain. Working level by
+(committed as each answer arrives: a killed run asks again only what was in flight), identical requests are sent
+once, and every failure is recorded with its reason; an image whose level k fails has no chain. Working level by
 level is what the Batch API needs anyway (level k+1 depends on level k).
 
 Outputs in `<run>/abstraction/`: chains.jsonl (one row per image, `cglib.llm.chains`), summary.json (counts,
@@ -183,6 +183,10 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
     bar = _progress(sum(len(j.tasks) for j in misses), desc, progress and bool(misses))
 
     def report(job: Job, outcome: Outcome) -> None:
+        # stored (and, streaming, committed) before it is counted: a paid answer counted is an answer kept
+        if use_cache and outcome.cacheable:
+            cache.put(job.key, kind, backend.name, backend.model, backend.prompt_version, outcome,
+                      commit=backend.streaming)
         outcomes[job.key] = outcome
         n = len(job.tasks)
         stats.sent += 1 if outcome.requests else 0
@@ -195,9 +199,6 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
         else:
             stats.sent_failures[outcome.reason] += n
             stats.failures[outcome.reason] += n
-        if use_cache and outcome.cacheable:
-            cache.put(job.key, kind, backend.name, backend.model, backend.prompt_version, outcome,
-                      commit=backend.streaming)
         bar.update(n)
 
     backend.budget = budget
@@ -260,7 +261,8 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
             finally:
                 if rebuilt is not None and estimate is not None:
                     rebuilt.update(to_ask=estimate["chains"]["requests"],
-                                   to_ask_cost_usd=estimate["chains"]["cost_usd"])
+                                   to_ask_cost_usd=estimate["chains"]["cost_usd"],
+                                   run_estimate_usd=estimate["cost_usd"], max_cost_usd=params.llm.max_cost_usd)
                     if progress:
                         print(rebuilt_message(rebuilt))
             budget = make_budget(params, backend.price_factor, estimate["chains"]["max_request_usd"])

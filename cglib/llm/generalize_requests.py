@@ -5,8 +5,8 @@ image from its own captions, its l1 concept and that concept's ancestors; scope 
 level, the authors' generate_new_caption.py) asks for one caption of one image at one level, given only that
 level's concept; scope "group" (magic.generalize: group) asks for n captions of a whole l1 node from its pooled
 captions. Both go through the
-abstraction engine: same client, retries, SQLite cache (resumable, zero repeated requests) and failure
-accounting by reason. Building the requests from the DAG and storing the answers is
+abstraction engine: same client, retries, SQLite cache (resumable: a kill repeats only the requests in flight)
+and failure accounting by reason. Building the requests from the DAG and storing the answers is
 `cglib.magic.generalized_captions`' job.
 
 Backends: `openai` asks the LLM (the per-image and per-level prompts are versioned on their own,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import yaml
 from optuna.trial import TrialState
@@ -70,11 +71,55 @@ TABLE2 = {"groups_per_batch": ("2 - 10", 2), "pairs_per_group": ("2 - 15", 10), 
 
 
 # ------------------------------------------------------------------------------------------- the study
+def trial_seed(sampler_seed: int, trial_number: int) -> int:
+    """The seed of one trial's draws: search.sampler_seed and the trial's number, mixed (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([sampler_seed, trial_number]).generate_state(1)[0])
+
+
+class TrialSeededTPESampler(optuna.samplers.BaseSampler):
+    """Optuna's TPE sampler, its random stream seeded per trial by (search.sampler_seed, trial number).
+
+    Workers started together on one study must not draw the same values: with one seed for every worker, their
+    random startup trials were identical draw for draw (two workers ran the same values as trials 0 and 1). The
+    storage hands out each trial number once, so no two trials of a study share a stream, whichever worker runs
+    them; and the study stays reproducible: trial k draws the same values from the same history for any number
+    of workers, and one worker repeats a study exactly. `constant_liar` makes TPE (after the startup trials)
+    treat the values of trials still running as bad results, so concurrent workers also spread out there."""
+
+    def __init__(self, sampler_seed: int, n_startup_trials: int) -> None:
+        self.sampler_seed, self.n_startup_trials = sampler_seed, n_startup_trials
+        self._number: int | None = None
+        self._tpe: optuna.samplers.TPESampler | None = None
+
+    def _for(self, trial: optuna.trial.FrozenTrial) -> optuna.samplers.TPESampler:
+        """The TPE sampler of this trial (TPE keeps no state between trials but its random stream)."""
+        if self._tpe is None or trial.number != self._number:
+            self._number = trial.number
+            self._tpe = optuna.samplers.TPESampler(seed=trial_seed(self.sampler_seed, trial.number),
+                                                   n_startup_trials=self.n_startup_trials, constant_liar=True)
+        return self._tpe
+
+    def infer_relative_search_space(self, study, trial):
+        return self._for(trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self._for(trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial) -> None:
+        self._for(trial).before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._for(trial).after_trial(study, trial, state, values)
+
+
 def open_study(params: Params, run_dir: Path) -> optuna.Study:
-    """The study of these params (created, or loaded to resume): maximize, TPE sampler, median pruner."""
+    """The study of these params (created, or loaded to resume): maximize, TPE sampler seeded per trial, median
+    pruner."""
     s = params.search
-    sampler = optuna.samplers.TPESampler(seed=s.sampler_seed, n_startup_trials=s.startup_trials,
-                                         constant_liar=True)  # parallel workers do not all try the same values
+    sampler = TrialSeededTPESampler(s.sampler_seed, s.startup_trials)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=s.pruner_startup_trials,
                                          n_warmup_steps=s.pruner_warmup_epochs)
     return optuna.create_study(storage=open_storage(params, run_dir), study_name=study_name(params),
