@@ -167,13 +167,16 @@ def _unit(x: Tensor) -> Tensor:
 
 
 def _run_in_full_precision(image_features: Tensor, text_features: Tensor, text_ids: Tensor | None,
-                           body: Callable[[Tensor, Tensor, Tensor | None], dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Cast to full precision, gather groups (and ids) from all ranks, normalize, and call `body` with autocast off."""
+                           body: Callable[[Tensor, Tensor, Tensor | None], dict[str, Tensor]],
+                           normalize: bool = True) -> dict[str, Tensor]:
+    """Cast to full precision, gather groups (and ids) from all ranks, normalize (unless told not to), and call
+    `body` with autocast off."""
     with torch.autocast(device_type=image_features.device.type, enabled=False):
         image = gather_groups(_full_precision(image_features, text_features))
         text = gather_groups(_full_precision(text_features, image_features))
         ids = gather_groups(text_ids) if text_ids is not None else None
-        image, text = _unit(torch.stack([image, text])).unbind(0)  # one pass for both: fewer small ops
+        if normalize:
+            image, text = _unit(torch.stack([image, text])).unbind(0)  # one pass for both: fewer small ops
         return body(image, text, ids)
 
 
@@ -210,7 +213,8 @@ def _shared_texts(ids: Tensor) -> Tensor:
 
 # ------------------------------------------------------------------------------------------ building blocks
 def _symmetric_info_nce(image: Tensor, text: Tensor, tau: Temperature, not_negative: Tensor | None = None) -> Tensor:
-    """CLIP loss on unit vectors (B, L): row b of each side is the positive of row b of the other.
+    """CLIP loss on (B, L) features, unit vectors unless the caller chose raw ones: row b of each side is the positive
+    of row b of the other.
 
     `not_negative` (B, B), symmetric with a False diagonal: candidates removed from each anchor's denominator.
     """
@@ -403,11 +407,13 @@ def memory_centroid_loss(image_features: Tensor, text_features: Tensor, memory_i
 
 
 def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 0.1, *,
-              text_ids: Tensor | None = None) -> Tensor:
+              text_ids: Tensor | None = None, normalize: bool = True) -> Tensor:
     """Standard symmetric InfoNCE over all M*N pairs of (M, N, L) or (B, L) features (the CLIP baseline).
 
     Equal to open_clip's ClipLoss (logit_scale = 1/tau) when no two texts are identical. `text_ids` ((M, N) or
     (B,)): pairs whose texts have equal ids are removed from each other's denominators, in both directions.
+    `normalize` false: the logits are products of the features as given (open_clip's ClipLoss on unnormalized
+    features, as the authors trained their transformers CLIP model), not cosines.
     """
     _check_features(image_features, text_features, ndims=(2, 3))
     text_ids = _check_text_ids(text_ids, text_features)
@@ -418,7 +424,7 @@ def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 
         not_negative = _identical_pairs(ids.reshape(-1)) if ids is not None else None
         return {"loss": _symmetric_info_nce(image.reshape(-1, dim), text.reshape(-1, dim), tau, not_negative)}
 
-    return _run_in_full_precision(image_features, text_features, text_ids, body)["loss"]
+    return _run_in_full_precision(image_features, text_features, text_ids, body, normalize)["loss"]
 
 
 def clip_hn_loss(image_features: Tensor, text_features: Tensor, hard_text_features: Tensor, hard_columns: Tensor,

@@ -237,11 +237,11 @@ class Towers(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None
+    def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None, normalize: bool = True
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """L2-normalised image and text features (None for a side that is not given)."""
-        image = self.model.encode_image(images, normalize=True) if images is not None else None
-        text = self.model.encode_text(tokens, normalize=True) if tokens is not None else None
+        """Image and text features, L2-normalised unless `normalize` is false (None for a side that is not given)."""
+        image = self.model.encode_image(images, normalize=normalize) if images is not None else None
+        text = self.model.encode_text(tokens, normalize=normalize) if tokens is not None else None
         return image, text
 
 

@@ -4,11 +4,21 @@ literal re-implementations of their `EvaluationDataset`, `HierarcapsEvaluationDa
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from cglib.data.hierarcaps import HierarCapsItem
 from cglib.evaluate.forced_choice import NO_GROUPS, sample_forced_choice, score_forced_choice
-from cglib.evaluate.hierarcaps import match_by_level4, published_accuracy, published_negatives
+from cglib.evaluate.hierarcaps_published import (
+    PublishedDraw,
+    PublishedRecord,
+    published_accuracy,
+    published_draw,
+    records_from_items,
+)
 from cglib.evaluate.items import build_items
 from tests.factories import tiny_magic
 
@@ -122,39 +132,132 @@ def test_ties_go_to_the_anchor_as_in_the_authors_scoring():
 
 
 # ------------------------------------------------------------------------------------------------ HierarCaps
-def test_hierarcaps_negatives_are_matched_by_their_level4_text():
-    """The authors look a drawn concept up by its level-4 text: the first item with that text, so a drawn
-    duplicate maps to the first copy; the item itself can be drawn."""
-    level4 = ["a", "b", "c", "b", "d"]
-    drawn = np.array([[3], [0], [1], [4], [2]])
-    # literal: for other_item in data: if hard_negative == other_item["concept_level4"]: break
-    literal = [[next(i for i, t in enumerate(level4) if t == level4[j]) for j in row] for row in drawn]
-    assert match_by_level4(level4, drawn).tolist() == literal == [[1], [0], [1], [4], [2]]
-    many = np.concatenate([published_negatives([f"t{i}" for i in range(6)], 2, seed) for seed in range(40)])
-    assert (many[:, 0] == np.tile(np.arange(6), 40)).any()  # some item drew itself
-    assert published_negatives(level4, 2, 5).tolist() == published_negatives(level4, 2, 5).tolist()
+def authors_hierarcaps_loader(raw_data, batch_size, random):
+    """HierarcapsEvaluationDataset._load_data and the lookup of its __getitem__, literally (`random`: a seeded
+    stand-in for Python's random module). Returns self.data and, per entry, its negatives' entries (None: the entry
+    returns [], [] and train.py's evaluate skips it)."""
+    processed_data_initial = []
+    for concept_data in raw_data:
+        images = concept_data["images"]
+        for image_id in images:
+            processed_data_initial.append({
+                'image_id': image_id,
+                'concept_level1': random.choice(concept_data["general_captions_level1"]),
+                'concept_level2': random.choice(concept_data["general_captions_level2"]),
+                'concept_level3': random.choice(concept_data["general_captions_level3"]),
+                'concept_level4': random.choice(concept_data["general_captions_level4"]),
+                'hard_negatives': [concept["concept"] for concept in random.choices(raw_data, k=batch_size - 1)]
+            })
+    data = processed_data_initial
+    negatives_per_item = []
+    for item in data:
+        found = []
+        for hard_negative in item["hard_negatives"]:
+            hard_negative_item = None
+            for other_item in data:
+                if hard_negative == other_item["concept_level4"]:
+                    hard_negative_item = other_item
+                    break
+            if hard_negative_item is None:
+                found = None
+                break
+            found.append(hard_negative_item)
+        negatives_per_item.append(found)
+    return data, negatives_per_item
+
+
+def authors_evaluated_loader(raw_data, batch_size, seed):
+    """Their main.py: random.seed(args.seed), the loader built for training (get_train_data), then the one scored."""
+    stand_in = random.Random(seed)
+    authors_hierarcaps_loader(raw_data, batch_size, stand_in)
+    return authors_hierarcaps_loader(raw_data, batch_size, stand_in)
+
+
+def toy_records():
+    """Records with several images and several texts per level, level-4 texts that repeat across records, and one
+    concept ("a cat on a mat") that no entry can carry at level 4."""
+    def record(images, l4_options, concept):
+        return PublishedRecord(tuple(images), (("animal", "pet"), ("dog",), ("dog on grass", "dog outside"),
+                                               tuple(l4_options)), concept)
+    return [record(["a", "b"], ["a dog runs", "a dog sits"], "a dog runs"),
+            record(["c"], ["a bird flies"], "a bird flies"),
+            record(["d", "e", "f"], ["a dog sits", "a horse trots"], "a dog sits"),
+            record(["g"], ["a fish swims"], "a cat on a mat"),
+            record(["h"], ["a horse trots", "a bird flies"], "a horse trots")]
+
+
+def as_json(records):
+    return [{"images": list(r.images), "concept": r.concept,
+             **{f"general_captions_level{k + 1}": list(texts) for k, texts in enumerate(r.level_texts)}}
+            for r in records]
+
+
+@pytest.mark.parametrize("choices", [2, 3])
+def test_hierarcaps_published_draws_what_the_authors_loader_draws(choices):
+    """Entry by entry, for the same seed: each level's text (random.choice of the record's), the negatives found
+    for the concepts drawn from the records at load time (the entry's own record allowed, the first entry with
+    that level-4 text), and the entries skipped because a concept matched none, counted."""
+    records, skipped_somewhere, not_first_text, same_level4 = toy_records(), 0, 0, 0
+    for seed in range(12):
+        ours = published_draw(records, choices, seed)
+        data, negatives = authors_evaluated_loader(as_json(records), choices, seed)
+        assert ours.image_ids == [item["image_id"] for item in data]
+        assert ours.texts == [tuple(item[f"concept_level{k}"] for k in range(1, 5)) for item in data]
+        row_of = {id(item): row for row, item in enumerate(data)}
+        kept = [row for row, found in enumerate(negatives) if found is not None]
+        assert ours.anchors.tolist() == kept
+        assert ours.negatives.tolist() == [[row_of[id(n)] for n in negatives[row]] for row in kept]
+        assert ours.unmatched == len(data) - len(kept)
+        skipped_somewhere += ours.unmatched
+        not_first_text += sum(t != (r.level_texts[0][0]) for t, r in zip(
+            [levels[0] for levels in ours.texts], [r for r in records for _ in r.images]))
+        same_level4 += sum(data[row]["concept_level4"] == data[n]["concept_level4"]
+                          for row, found in zip(kept, ours.negatives) for n in found)
+    assert skipped_somewhere and not_first_text and same_level4  # every path of their loader was exercised
+
+
+def test_hierarcaps_items_are_one_record_each_and_every_drawn_concept_matches():
+    """Our reading of their file: one record per item, its level-4 text its concept; so nothing is skipped, an item
+    can draw itself, and a drawn duplicate level-4 text finds its first copy."""
+    chains = [("animal", "dog", "dog on grass", "a dog runs"), ("animal", "bird", "bird in sky", "a bird flies"),
+              ("vehicle", "car", "red car", "a dog runs"), ("animal", "cat", "cat indoors", "a cat sleeps")]
+    items = [HierarCapsItem(f"img{i}", Path(f"img{i}.jpg"), c) for i, c in enumerate(chains)]
+    draws = [published_draw(records_from_items(items), 2, seed) for seed in range(30)]
+    assert all(d.unmatched == 0 and d.anchors.tolist() == [0, 1, 2, 3] for d in draws)
+    assert all(d.texts == chains for d in draws)
+    negatives = np.concatenate([d.negatives[:, 0] for d in draws])
+    assert (negatives == np.tile(np.arange(4), 30)).any()  # some item drew itself
+    assert 2 not in negatives and 0 in negatives  # item 2 shares item 0's level-4 text: it is found as item 0
+    with pytest.raises(ValueError, match="eval.choices must be at least 2"):
+        published_draw(records_from_items(items), 1, 0)
 
 
 def test_hierarcaps_published_scores_equal_the_authors_argmax_and_self_draws_tie():
-    """Per-item correctness equals their argmax over [anchor, negative]; an item that drew itself ties and is
-    counted correct; chance is 1/2 except for such items."""
+    """Per-entry correctness equals their argmax over [anchor, negative]; an entry that drew itself ties and is
+    counted correct; chance is 1/2 except for such entries; a skipped entry is not scored."""
     rng = np.random.default_rng(2)
     n = 12
     texts = [f"text {i % 9}" for i in range(n)]  # some strings repeat, as at HierarCaps levels 1-2
     index = {t: i for i, t in enumerate(sorted(set(texts)))}
     text_vectors, images = rng.normal(size=(len(index), 6)), rng.normal(size=(n, 6))
-    negatives = np.array([[(i * 5 + 1) % n] for i in range(n)])
-    negatives[4, 0] = 4  # item 4 drew itself
-    out = published_accuracy(texts, [negatives], images, text_vectors, index)
-    image_rows = np.concatenate([np.arange(n)[:, None], negatives], axis=1)
+    anchors = np.array([i for i in range(n) if i != 7])  # entry 7 was skipped
+    negatives = np.array([[(i * 5 + 1) % n] for i in anchors])
+    negatives[4, 0] = 4  # entry 4 drew itself
+    draw = PublishedDraw([f"img{i}" for i in range(n)], [(t, "x", "y", "z") for t in texts], anchors, negatives, 1)
+    out = published_accuracy([draw], 1, images, text_vectors, index)
+    image_rows = np.concatenate([anchors[:, None], negatives], axis=1)
     text_rows = np.array([[index[texts[j]] for j in row] for row in image_rows])
     their_i2t, their_t2i = authors_evaluate_scores(batch_scores(images, text_vectors, image_rows, text_rows))
     t2i, i2t = out[("t2i", "accuracy")], out[("i2t", "accuracy")]
     assert t2i.scores.values.tolist() == their_t2i.tolist() and i2t.scores.values.tolist() == their_i2t.tolist()
+    assert t2i.scores.units.tolist() == anchors.tolist()
     assert t2i.scores.values[4] == 1.0 and i2t.scores.values[4] == 1.0
-    same_text = sum(texts[i] == texts[negatives[i, 0]] for i in range(n))  # includes item 4
-    assert t2i.chance == pytest.approx((n - 1) * 0.5 / n + 1 / n)
-    assert i2t.chance == pytest.approx(((n - same_text) * 0.5 + same_text) / n)
+    k = len(anchors)
+    same_text = sum(texts[a] == texts[m[0]] for a, m in zip(anchors, negatives))  # includes entry 4
+    assert t2i.chance == pytest.approx((k - 1) * 0.5 / k + 1 / k)
+    assert i2t.chance == pytest.approx(((k - same_text) * 0.5 + same_text) / k)
+    with pytest.raises(ValueError, match="one per entry"):
+        published_accuracy([draw], 1, images[:5], text_vectors, index)
 
 
 # ------------------------------------------------------------------------------- what the corrections change

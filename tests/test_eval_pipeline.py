@@ -171,6 +171,9 @@ def test_hierarcaps_real_data_with_the_demo_model(tmp_path, shared_data):
     # the authors' 2-way columns: against one item drawn from all 1,000 (rarely itself), near chance here
     published = m.loc[("hierarcaps_published", "t2i", "accuracy", "l4")]
     assert published["n"] == 1000 and published["chance"] == pytest.approx(0.5, abs=0.01)
+    # one record per CSV row, its level-4 text the concept: every drawn concept is found, no item skipped
+    unmatched = result.info["hierarcaps"]["published_unmatched"]
+    assert unmatched and set(unmatched.values()) == {0}
     assert 0.35 < published["value"] < 0.7
     assert [c for c in result.table3_published.columns if c.startswith("HierarCaps l") and " " not in c[11:]] == \
         ["HierarCaps l1", "HierarCaps l2", "HierarCaps l3", "HierarCaps l4"]
@@ -203,7 +206,10 @@ def test_hierarcaps_leaves_out_images_the_models_trained_on(tmp_path):
         assert len(hc.items) == len(hc.images.ids) == expected
         assert hc.overlap == {"any": 8, "train": 5}
         assert set(stems[:5]).isdisjoint(hc.images.ids) != include
-        note = hierarcaps_items_note(HierarCaps().describe(hc, {})["hierarcaps"])
+        described = HierarCaps().describe(hc, {})["hierarcaps"]
+        assert described["published_unmatched"] == {str(seed): 0 for seed in run.params.eval.seeds}
+        assert all(len(draw.texts) == expected for draw in hc.published.values())
+        note = hierarcaps_items_note(described)
         if include:
             assert "5 of them on images in this run's MAGIC train split" in note and "compare with care" in note
         else:

@@ -70,7 +70,7 @@ def test_an_option_of_another_objective_is_refused():
     """memory_momentum belongs to the centroid objectives and released to re: on another loss, the error names
     the option and the options that loss takes."""
     with pytest.raises(ValidationError, match=r"run 'r' \(loss: clip\): options.memory_momentum: Extra inputs are "
-                                              r"not permitted \(its options: logit_scale\)"):
+                                              r"not permitted \(its options: logit_scale, hierarcaps_features\)"):
         TrainRunParams(name="r", loss="clip", options={"memory_momentum": 0.5})
     with pytest.raises(ValidationError, match=r"options.released: Extra inputs.*its options: tau_inner, alpha, "
                                               "alpha_on, normalize_products"):

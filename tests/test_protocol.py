@@ -60,7 +60,8 @@ def test_as_published_sets_every_key_the_file_leaves_unset_and_a_set_key_wins():
                                               "normalize_products": True}
     assert options_of(params, "centroid")["alpha_on"] == "outer"
     assert options_of(params, "inner")["alpha_on"] == "inner"  # the entry's own option
-    assert run_spec(params, params.train.runs[0])["run"]["options"] == {"logit_scale": "learned"}  # clip's only one
+    assert run_spec(params, params.train.runs[0])["run"]["options"] == {"logit_scale": "learned",
+                                                                        "hierarcaps_features": "raw"}
     with pytest.raises(ValueError, match="run.protocol must be one of corrected, as_published"):
         protocol_value("train.amp", "published")
 
@@ -174,6 +175,8 @@ def test_a_learned_clip_scale_trains_clamps_saves_and_resumes_exactly(tmp_path):
 class RecordingObjective(torch.nn.Module):
     """Stands in for a run's objective inside GroupTask: keeps the text ids it is handed."""
 
+    unit_features = True
+
     def forward(self, batch):
         self.text_ids = batch.text_ids
         return {"loss": batch.image.sum() * 0}
@@ -217,3 +220,75 @@ def test_the_unmasked_clip_loss_is_the_authors_cliploss_on_a_batch_with_a_repeat
     assert torch.allclose(clip_loss(image, text, tau=0.07), theirs, atol=1e-6)
     masked = clip_loss(image, text, tau=0.07, text_ids=torch.tensor([0, 1, 1, 2]))
     assert not torch.allclose(masked, theirs, atol=1e-3)
+
+
+HIERARCAPS_RUNS = [{"name": "clip", "loss": "clip"}, {"name": "hierarcaps", "loss": "re"},
+                   {"name": "hierarcaps_ft", "loss": "clip", "init": "hierarcaps"},
+                   {"name": "hierarcaps_ft2", "loss": "clip", "init": "hierarcaps_ft"}]
+
+
+def clip_step_loss(protocol: str, run: str):
+    """The loss GroupTask hands back for one batch of run `run` under `protocol`, and the towers' raw features."""
+    from cglib.config import ModelParams
+    from cglib.encoding import pixels_to_tensor
+    from cglib.models import build_model
+    from cglib.train.objectives import Setup, build_objective
+    from cglib.train.step import GroupTask
+
+    params = Params.model_validate({"run": {"protocol": protocol}, "train": {"runs": HIERARCAPS_RUNS}})
+    entry = next(r for r in params.train.runs if r.name == run)
+    torch.manual_seed(0)
+    bundle = build_model(ModelParams(name="cglib-tiny-vit", text_tower="minilm"))
+    objective = build_objective(params, entry, run_spec(params, entry)["run"])
+    objective.setup(Setup(bundle, None, None, None, params, entry, 0, 1, torch.device("cpu")))
+    texts = ["a red ball", "a blue cube", "two green cones", "a dog on grass"]
+    pixels = torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    item = {"pixels": pixels, "m": 2, "n": 2, "tokens": bundle.tokenizer(texts), "text_inverse": torch.arange(4),
+            "text_ids": torch.arange(4)}
+    loss = GroupTask(bundle, objective, None, params.train.mask_identical_texts)(item)["loss"].detach()
+    with torch.no_grad():
+        image = bundle.model.encode_image(pixels_to_tensor(pixels, bundle))
+        text = bundle.model.encode_text(bundle.tokenizer(texts))
+    return loss, image, text, float(bundle.model.logit_scale.detach().exp()), objective
+
+
+@pytest.mark.parametrize("protocol", ["as_published", "corrected"])
+def test_the_hierarcaps_fine_tune_trains_on_raw_features_as_published(protocol):
+    """options.hierarcaps_features: as published, a run fine-tuning the HierarCaps model (its init chain reaches the
+    re run) gives open_clip's ClipLoss the towers' unnormalized features with the model's logit scale, as the
+    authors' train.py did with their transformers CLIPModel; corrected, the unit-norm features at the fixed tau.
+    The plain clip run is normalized under both."""
+    from open_clip.loss import ClipLoss
+
+    def their_loss(image, text, scale):
+        return ClipLoss()(image, text, torch.tensor(scale))
+
+    normalize = torch.nn.functional.normalize
+    for run in ("hierarcaps_ft", "hierarcaps_ft2", "clip"):
+        loss, image, text, model_scale, objective = clip_step_loss(protocol, run)
+        assert float(image.norm(dim=-1).sub(1).abs().min()) > 1e-2  # the raw features are far from unit norm
+        raw = protocol == "as_published" and run != "clip"
+        scale = model_scale if protocol == "as_published" else 1 / 0.1  # the learned scale starts at the model's
+        expected = their_loss(image, text, scale) if raw else their_loss(normalize(image, dim=-1),
+                                                                          normalize(text, dim=-1), scale)
+        other = their_loss(normalize(image, dim=-1), normalize(text, dim=-1), scale) if raw else their_loss(
+            image, text, scale)
+        assert float(loss) == pytest.approx(float(expected), rel=1e-5), run
+        assert float(loss) != pytest.approx(float(other), rel=1e-2), run
+        assert objective.unit_features is not raw
+        assert (objective.describe() or {}).get("features", "").startswith("raw") is raw
+
+
+def test_hierarcaps_features_leave_the_corrected_spec_as_before():
+    """normalized (corrected, or set in the file) leaves a clip run's spec as it was before the key existed, so the
+    corrected runs' cached weights stay valid; raw enters the spec and retrains the run."""
+    corrected = Params.model_validate({"train": {"runs": HIERARCAPS_RUNS}})
+    for entry in corrected.train.runs:
+        assert "hierarcaps_features" not in run_spec(corrected, entry)["run"].get("options", {})
+    assert options_of(corrected, "hierarcaps_ft") == {"logit_scale": "fixed"}
+    published = Params.model_validate({"run": {"protocol": "as_published"}, "train": {"runs": HIERARCAPS_RUNS}})
+    assert options_of(published, "hierarcaps_ft")["hierarcaps_features"] == "raw"
+    explicit = Params.model_validate({"run": {"protocol": "as_published"}, "train": {"runs": [
+        *HIERARCAPS_RUNS[:2], {**HIERARCAPS_RUNS[2], "options": {"hierarcaps_features": "normalized"}}]}})
+    assert "hierarcaps_features" not in options_of(explicit, "hierarcaps_ft")
+    assert run_spec(published, published.train.runs[2]) != run_spec(explicit, explicit.train.runs[2])

@@ -132,6 +132,24 @@ def test_init_starts_from_the_named_run_and_inherits_exposure(tmp_path):
     assert spec["init"] == run_spec(run.params, run_entry(run.params, "hierarcaps"))
 
 
+def test_the_hierarcaps_fine_tune_as_published_trains_on_raw_features(tmp_path):
+    """options.hierarcaps_features: raw (as published) gives the CLIP loss of a run started from the re run the
+    towers' unnormalized outputs (the frozen text table included): from the same weights and batch its first loss
+    differs from the normalized twin's, and its summary says so; the normalized twin's summary says nothing."""
+    runs = [*RE_ROWS, {"name": "hierarcaps_ft_raw", "loss": "clip", "init": "hierarcaps",
+                       "options": {"hierarcaps_features": "raw"}}]
+    run = make_run(tmp_path, runs)
+    summaries = train_all(run, ["hierarcaps_ft", "hierarcaps_ft_raw"], progress=False)
+    assert summaries["hierarcaps_ft_raw"]["features"].startswith("raw") and "features" not in summaries["hierarcaps_ft"]
+
+    def first_loss(name: str) -> float:
+        with (tmp_path / "training" / name / "log.csv").open() as f:
+            return float(next(csv.DictReader(f))["loss"])
+
+    normalized, raw = first_loss("hierarcaps_ft"), first_loss("hierarcaps_ft_raw")
+    assert math.isfinite(raw) and abs(raw - normalized) > 1e-3
+
+
 def test_finished_re_run_is_reused_and_spec_keys(tmp_path, monkeypatch):
     """A finished re run is reused, not retrained; train.re_* keys retrain re runs (and runs starting from one)
     but leave the hash of a MAGIC run without init unchanged."""
@@ -186,7 +204,7 @@ def test_hierarcaps_train_data_path_is_checked(tmp_path):
     ({"train": {"runs": [{"name": "hc", "loss": "re", "options": {"epoch": 2}}]}},
      r"run 'hc' \(loss: re\): options.epoch: Extra inputs are not permitted \(its options: data, epochs"),
     ({"train": {"runs": [{"name": "c", "loss": "clip", "options": {"lr": 1.0}}]}},
-     r"run 'c' \(loss: clip\): options.lr: Extra inputs are not permitted \(its options: logit_scale\)"),
+     r"run 'c' \(loss: clip\): options.lr: Extra inputs are not permitted \(its options: logit_scale, hierarcaps_"),
 ])
 def test_objective_options_are_checked_and_moved_keys_named(tmp_path, raw, message):
     """An objective's options are validated by its own model; the train.re_* / train.mcc_* keys of older params

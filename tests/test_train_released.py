@@ -104,7 +104,8 @@ def test_absent_released_weights_train_the_row_here(tmp_path):
 
 
 def test_released_is_for_re_rows_only():
-    with pytest.raises(ValueError, match=r"options.released: Extra inputs are not permitted \(its options: logit_scale\)"):
+    with pytest.raises(ValueError, match=r"options.released: Extra inputs are not permitted \(its options: "
+                                         r"logit_scale, hierarcaps_features\)"):
         TrainRunParams(name="clip", loss="clip", options={"released": "w.pt"})
 
 

@@ -77,6 +77,12 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference(OPTION_PREFIX + "logit_scale", "learned", "fixed", "the CLIP baseline's temperature: the model's "
                "logit scale trained with the towers (clamped at ln 100) vs the fixed tau of every loss here",
                "authors' train.py: open_clip ClipLoss with model.logit_scale.exp(), clamp_(0, ln 100)"),
+    Difference(OPTION_PREFIX + "hierarcaps_features", "raw", "normalized", "the features the CLIP loss sees in a "
+               "run that fine-tunes the HierarCaps model (its init chain reaches a loss: re run): the towers' "
+               "unnormalized outputs vs unit-norm features, as in every other run and loss",
+               "authors' train.py lines 133-138 and 162: their HierarCaps model is a transformers CLIPModel, whose "
+               "get_image_features / get_text_features outputs go into open_clip's ClipLoss unnormalized (their "
+               "open_clip models' forward normalizes)"),
     Difference(OPTION_PREFIX + "alpha_on", "outer", "inner", "which term alpha weighs in the group losses",
                "paper Eqs. 4, 8: alpha * inner; authors' loss.py: alpha * outer"),
     Difference(OPTION_PREFIX + "normalize_products", True, False, "the pairwise loss's group centroids: normalized "

@@ -17,7 +17,6 @@ are counted.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,46 +119,6 @@ def in_batch_accuracy(texts: list[str], image_vectors: np.ndarray, text_vectors:
     units_all = np.concatenate(units)
     return {(T2I, "R@1"): MetricScores(Scores(np.concatenate(t2i), units_all), float(np.mean(chance))),
             (I2T, "R@1"): MetricScores(Scores(np.concatenate(i2t), units_all), float(np.mean(i2t_chance)))}
-
-
-def published_negatives(level4: list[str], choices: int, seed: int) -> np.ndarray:
-    """(n, M-1) negatives per item as the authors' HierarcapsEvaluationDataset drew them: M-1 items drawn with
-    replacement from ALL items (the item itself included), each then found as the first item whose level-4 text
-    equals the drawn one's (their match by `concept_level4`; every drawn item matches, so none is dropped)."""
-    n = len(level4)
-    rng = np.random.default_rng([seed, n, zlib.crc32(b"hierarcaps_published")])
-    return match_by_level4(level4, rng.integers(n, size=(n, choices - 1)))
-
-
-def match_by_level4(level4: list[str], drawn: np.ndarray) -> np.ndarray:
-    """Each drawn item index replaced by the first item with the same level-4 text (the authors' lookup)."""
-    first: dict[str, int] = {}
-    for i, text in enumerate(level4):
-        first.setdefault(text, i)
-    return np.array([first[level4[j]] for j in drawn.ravel()], dtype=np.int64).reshape(drawn.shape)
-
-
-def published_accuracy(texts: list[str], negatives: Sequence[np.ndarray], image_vectors: np.ndarray,
-                       text_vectors: np.ndarray, text_index: dict[str, int]) -> dict[tuple[str, str], MetricScores]:
-    """The authors' HierarCaps columns at one level: each item's text (image) against its negatives' images
-    (texts), ties to the anchor (their argmax takes the first of equal scores, the anchor first). One query per
-    (seed, item), the item as the resampling unit. Chance: a random scorer picks one of the distinct candidates
-    (identical ones tie with the anchor and so count as the anchor)."""
-    n = len(texts)
-    text_rows = np.array([text_index[t] for t in texts])
-    out: dict[tuple[str, str], list] = {(T2I, "accuracy"): [], (I2T, "accuracy"): []}
-    chance: dict[tuple[str, str], list] = {key: [] for key in out}
-    for negative in negatives:
-        cand = np.concatenate([np.arange(n)[:, None], negative], axis=1)  # (n, M) items, the anchor first
-        t2i = np.einsum("nd,nmd->nm", text_vectors[text_rows], image_vectors[cand])
-        i2t = np.einsum("nd,nmd->nm", image_vectors, text_vectors[text_rows[cand]])
-        # a candidate is its image (t2i) or its string (i2t): identical ones score alike
-        for key, scores, identity in (((T2I, "accuracy"), t2i, cand), ((I2T, "accuracy"), i2t, text_rows[cand])):
-            out[key].append((scores[:, 0] >= scores[:, 1:].max(axis=1)).astype(np.float64))
-            chance[key].append(1.0 / np.array([len(set(row)) for row in identity]))
-    units = np.tile(np.arange(n), len(negatives))
-    return {key: MetricScores(Scores(np.concatenate(values), units), float(np.mean(np.concatenate(chance[key]))))
-            for key, values in out.items()}
 
 
 def hierarchical_metric(items: Sequence[HierarCapsItem], image_vectors: np.ndarray, text_vectors: np.ndarray,

@@ -156,8 +156,11 @@ def table3_as_published_markdown(table: pd.DataFrame, protocols: dict[str, str],
         f"evaluate_scores; {choices}-way): each image with the FIRST of its texts of a type; its negative "
         "concepts drawn WITH replacement from its l1 group's hard negatives, each bringing the concept's FIRST test "
         "image and that image's first text; no check that a negative's text differs from the anchor's (at l2-l4 "
-        "they often share it); TIES GO TO THE ANCHOR. HierarCaps: each item against items drawn with replacement "
-        "from all items, itself included, found by its level-4 text."),
+        "they often share it); TIES GO TO THE ANCHOR. HierarCaps: their HierarcapsEvaluationDataset's draws on "
+        "Python's generator seeded per evaluation seed: each item against items whose concepts were drawn at load "
+        "time with replacement from all items, itself included, each found as the first item with that level-4 "
+        "text; an item whose drawn concept matches none is skipped and counted (results.json: "
+        "hierarcaps.published_unmatched)."),
         ("These columns are comparable with the paper's in protocol only: the paper's rows are OpenAI's CLIP "
         "ViT-B/32 and its fine-tunes on COCO's photos; this run's rows are its own models on its own data. "
         "Compare the pattern across columns and rows, not the levels."),

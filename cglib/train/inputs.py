@@ -94,6 +94,7 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 # weights of earlier runs) unchanged.
 RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "text_source": None, "groups": "magic", "options": {}}
 TRAIN_KEY_DEFAULTS: dict[str, Any] = {"mask_identical_texts": True}  # train keys added after runs were trained
+OPTION_KEY_DEFAULTS: dict[str, Any] = {"hierarcaps_features": "normalized"}  # objective options added likewise
 
 
 def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> dict[str, Any]:
@@ -104,13 +105,17 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     `Objective.resolve_options`, e.g. a group loss's alpha from train.alpha) are part of its entry; the files it reads
     (`Objective.input_files`, e.g. re's HierarCaps train hierarchies) enter by content; a run with `init` carries
     its starting run's spec, so retraining that run retrains this one. Run keys at their default leave the spec
-    (RUN_KEY_DEFAULTS, and the train keys of TRAIN_KEY_DEFAULTS): trained runs stay valid when a key is added. `train.seeds` is not in
+    (RUN_KEY_DEFAULTS, and the train keys of TRAIN_KEY_DEFAULTS and options of OPTION_KEY_DEFAULTS): trained runs
+    stay valid when a key is added. `train.seeds` is not in
     the spec (adding a seed does not retrain the others); training seed k > 0 is (`training_seed`).
     """
     t = params.train
     objective = entry.objective()
     spec = entry.model_dump(mode="json")
     spec["options"] = objective.resolve_options(entry.options, params).model_dump(mode="json")
+    for key, default in OPTION_KEY_DEFAULTS.items():
+        if spec["options"].get(key, default) == default:
+            spec["options"].pop(key, None)
     for key, default in RUN_KEY_DEFAULTS.items():
         if spec[key] == default:
             del spec[key]

@@ -179,7 +179,7 @@ def image_text(trainer: Trainer, ckpt: dict[str, Any] | None) -> Phase:
     if trainer.params.model.freeze_text:  # a frozen text side: every text a batch can hold, embedded once
         extra = objective.replacement_texts()
         texts = sorted(set(sampler.all_texts()) | extra) if extra else sampler.all_texts()
-        table = torch.from_numpy(encode_texts(bundle, texts)).to(trainer.device)
+        table = torch.from_numpy(encode_texts(bundle, texts, normalize=objective.unit_features)).to(trainer.device)
         text_rows = {text: k for k, text in enumerate(texts)}
     trainer.described["precomputed_texts"] = 0 if table is None else len(table)
     module = wrap(GroupTask(bundle, objective, table, t.mask_identical_texts), info)

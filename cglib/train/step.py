@@ -3,7 +3,8 @@
 `GroupTask` turns a batch item into features and hands them to the run's objective (cglib/train/objectives: one
 module per objective, none named here). Every objective gets the batch's `text_ids` (equal ids = identical
 strings), so two identical texts are never each other's negatives, unless train.mask_identical_texts is false
-(the authors' code: no mask).
+(the authors' code: no mask). The features are unit norm unless the objective asks for the towers' raw outputs
+(`Objective.unit_features`: clip's `options.hierarcaps_features: raw`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class GroupTask(torch.nn.Module):
 
     DDP wraps this module, so whatever the objective trains (a concept head) is synchronized with the model, and
     the loop's step only ever calls `task(item)`. `text_table`: a frozen text tower's embeddings of every text a
-    batch can hold (rows given by the item), else the texts are encoded by the trainable tower each step.
+    batch can hold (rows given by the item, normalized as the objective's `unit_features` says), else the texts are
+    encoded by the trainable tower each step.
     `mask_identical_texts` false hands the objective no text_ids (the authors' unmasked losses).
     """
 
@@ -45,7 +47,7 @@ class GroupTask(torch.nn.Module):
         device, table = self.bundle.device, self.text_table
         images = pixels_to_tensor(item["pixels"].to(device, non_blocking=True), self.bundle)
         tokens = None if table is not None else item["tokens"].to(device, non_blocking=True)
-        image, text = self.towers(images, tokens)
+        image, text = self.towers(images, tokens, normalize=self.objective.unit_features)
         m, n = item["m"], item["n"]
         hard = columns = None
         if "hard_columns" in item:  # a replacement negative per pair (Objective.pair_replacements)

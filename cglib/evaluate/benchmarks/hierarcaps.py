@@ -18,8 +18,12 @@ from cglib.evaluate.hierarcaps import (
     hierarchical_metric,
     in_batch_accuracy,
     level_retrieval,
+)
+from cglib.evaluate.hierarcaps_published import (
+    PublishedDraw,
     published_accuracy,
-    published_negatives,
+    published_draw,
+    records_from_items,
 )
 
 TAU_KEY = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
@@ -37,10 +41,12 @@ class HierarCapsItems:
     include_train: bool
     left_out_train: int
     at_size: dict[int, ImageSet] = field(default_factory=dict)  # a zoo model's input size: the same images
+    published: dict[int, PublishedDraw] = field(default_factory=dict)  # eval seed -> the authors' loader's draw
 
 
 def load_hierarcaps_items(run, magic, size: int, progress: bool) -> HierarCapsItems:
-    """HierarCaps items, lazy pixels (image cache at `size`), their fingerprint, texts (+ the root's empty string)."""
+    """HierarCaps items, lazy pixels (image cache at `size`), their fingerprint, texts (+ the root's empty string),
+    and the authors' loader drawn on them once per eval seed (the `hierarcaps_published` columns)."""
     d = run.params.data
     if d.hierarcaps_csv is None or d.hierarcaps_images is None:
         raise ValueError("eval.hierarcaps is true but data.hierarcaps_csv / data.hierarcaps_images are not set; "
@@ -76,8 +82,10 @@ def load_hierarcaps_items(run, magic, size: int, progress: bool) -> HierarCapsIt
     texts = sorted({t for i in items for t in i.levels} | {ROOT_TEXT})
     images = ImageSet("hierarcaps", ids, lambda: cache.get(ids),
                       pixel_fingerprint(files=[i.image_file for i in items]), texts)
+    records = records_from_items(items)
+    published = {seed: published_draw(records, run.params.eval.choices, seed) for seed in run.params.eval.seeds}
     return HierarCapsItems(items, images, dict(skipped), overlap, include_train,
-                           0 if include_train else overlap["train"])
+                           0 if include_train else overlap["train"], published=published)
 
 
 class HierarCaps(Benchmark):
@@ -86,8 +94,10 @@ class HierarCaps(Benchmark):
         "Per level, each of the n items' texts queries all n images; a hit is an image with the same text at "
         "that level (strings repeat at levels 1-2). In-batch: each item against B-1 random other items "
         "(eval.hierarcaps_batch), R@1, resampled per seed. As published (the CLEAR GLASS authors' columns, "
-        "hierarcaps_published): each item against M-1 items drawn with replacement from all items, itself "
-        "included (eval.choices = M), the drawn item found by its level-4 text, ties to the anchor. Hierarchy: the "
+        "hierarcaps_published): their loader's steps on Python's generator seeded per eval seed: each level's text "
+        "drawn from the item's, M-1 concepts drawn at load time with replacement from all items, itself included "
+        "(eval.choices = M), each found as the first item with that level-4 text (an item with an unmatched "
+        "concept skipped and counted), ties to the anchor. Hierarchy: the "
         "HierarCaps authors' precision, recall (root = empty string, eval.hierarcaps_radii radii) and Kendall "
         "tau-b of root distance vs level.")
     absent: ClassVar[dict[str, None]] = {"hierarcaps": None}
@@ -128,8 +138,6 @@ class HierarCaps(Benchmark):
         hc_items = items.items
         images = image_vectors(emb, [item.image_id for item in hc_items])
         out: dict[Key, MetricScores] = {}
-        level4 = [item.levels[-1] for item in hc_items]  # the authors matched a drawn negative by its last level
-        negatives = [published_negatives(level4, p.choices, seed) for seed in p.seeds]  # shared by the levels
         for level in range(1, len(hc_items[0].levels) + 1):
             texts = [item.levels[level - 1] for item in hc_items]
             for (direction, metric), ms in level_retrieval(texts, images, emb.text_vectors, emb.text_index,
@@ -138,8 +146,9 @@ class HierarCaps(Benchmark):
             for (direction, metric), ms in in_batch_accuracy(texts, images, emb.text_vectors, emb.text_index,
                                                              p.hierarcaps_batch, p.seeds).items():
                 out[("hierarcaps_batch", "hierarcaps", direction, metric, f"l{level}")] = ms
-            for (direction, metric), ms in published_accuracy(texts, negatives, images, emb.text_vectors,
-                                                              emb.text_index).items():
+            published = published_accuracy(list(items.published.values()), level, images, emb.text_vectors,
+                                           emb.text_index)
+            for (direction, metric), ms in published.items():
                 out[("hierarcaps_published", "hierarcaps", direction, metric, f"l{level}")] = ms
         root = emb.text([ROOT_TEXT])[0]
         h = hierarchical_metric(hc_items, images, emb.text_vectors, emb.text_index, root, radii=p.hierarcaps_radii)
@@ -161,4 +170,6 @@ class HierarCaps(Benchmark):
     def describe(self, items: HierarCapsItems, per_model: dict[str, dict]) -> dict[str, Any]:
         return {"hierarcaps": {"n_items": len(items.items), "skipped": items.skipped,
                                "overlap_with_run_images": items.overlap, "include_train": items.include_train,
-                               "left_out_train": items.left_out_train, "per_model": per_model}}
+                               "left_out_train": items.left_out_train,
+                               "published_unmatched": {str(seed): d.unmatched for seed, d in items.published.items()},
+                               "per_model": per_model}}

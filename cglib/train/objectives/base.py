@@ -54,7 +54,8 @@ def entry_option(entry: TrainRunParams, key: str) -> Any:
 
 @dataclass
 class GroupFeatures:
-    """One micro-batch of the image-text phase as an objective sees it: features (M, N, L), unit norm.
+    """One micro-batch of the image-text phase as an objective sees it: features (M, N, L), unit norm (the towers'
+    raw outputs for an objective whose `unit_features` is false).
 
     text_ids (M, N): equal ids = identical strings (never each other's negatives). group_index (M,): each group's
     row in `sampler.groups` (a memory's row). groups: the M node ids. hard_text (M, N, L) / hard_columns (M, N):
@@ -107,6 +108,7 @@ class Objective(nn.Module):
     min_pairs: ClassVar[int] = 1  # pairs per group (train.pairs_per_group) it needs
     Options: ClassVar[type[Section]] = NoOptions  # its run entries' `options` (validated with the params)
     distributed_refusal: ClassVar[str | None] = None  # why it cannot run under torchrun (None: it can)
+    unit_features: bool = True  # false: its batches carry the towers' unnormalized features (set by `setup`)
 
     def __init__(self, spec: dict[str, Any], params: Params | None = None) -> None:
         """`spec`: the run entry with its effective tau (`run_spec(...)["run"]`); its `options` (absent: the

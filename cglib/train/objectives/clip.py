@@ -6,6 +6,13 @@ scale) trains a logit scale s, starting from the model's own (OpenAI's CLIP: ln 
 clamped to [0, ln 100] after every step as their train.py does. The scale is the objective's parameter: DDP
 synchronizes it with the towers (GroupTask), the checkpoint keeps it, and it is saved beside the final weights
 (`logit_scale.safetensors`); the evaluated model's cosines do not depend on it.
+
+Its features (`options.hierarcaps_features`): a run that fine-tunes the HierarCaps model (its init chain reaches a
+`loss: re` run: Table 3's "HierarCaps fine-tuned" row) takes the towers' unnormalized outputs under `raw` (as
+published: the authors' HierarCaps model is a transformers CLIPModel, and their train.py hands its
+`get_image_features` / `get_text_features` straight to open_clip's ClipLoss), unit-norm ones under `normalized`
+(corrected). Every other run, and every other loss, sees unit-norm features: the authors' open_clip models
+normalize in their forward. Only the features of the loss change; evaluation normalizes every model's embeddings.
 """
 
 from __future__ import annotations
@@ -31,6 +38,23 @@ class ClipOptions(Section):
         None, description="fixed: logits = cos / tau (the run's tau); learned: the model's logit scale trained with "
         "the towers, clamped at ln 100 (the authors' ClipLoss fine-tuning); null = run.protocol's (corrected: "
         "fixed, as_published: learned).")
+    hierarcaps_features: Literal["normalized", "raw"] | None = Field(
+        None, description="The features of a run that fine-tunes the HierarCaps model (init chain reaching a loss: "
+        "re run). normalized: unit norm, as every other run; raw: the towers' unnormalized outputs (the authors' "
+        "train.py with their transformers CLIPModel); null = run.protocol's (corrected: normalized, as_published: "
+        "raw). Other runs are always normalized.")
+
+
+def starts_from_hierarcaps(params: Any, entry: Any) -> bool:
+    """Whether the run fine-tunes the HierarCaps model: its chain of `init` runs reaches a text-phase (loss: re) run."""
+    runs = {r.name: r for r in params.train.runs}
+    seen = {entry.name}
+    while entry.init is not None and entry.init not in seen:
+        entry = runs[entry.init]
+        if entry.objective().phase == "re":
+            return True
+        seen.add(entry.name)
+    return False
 
 
 class Clip(Objective):
@@ -44,6 +68,8 @@ class Clip(Objective):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / self.tau))) if self.learned else None
 
     def setup(self, setup: Setup) -> None:
+        self.unit_features = not (self.options.hierarcaps_features == "raw"
+                                  and starts_from_hierarcaps(setup.params, setup.entry))
         if self.learned and not setup.resumed:
             with torch.no_grad():
                 self.logit_scale.copy_(setup.bundle.model.logit_scale.detach().float().clamp(0, MAX_LOGIT_SCALE))
@@ -51,7 +77,8 @@ class Clip(Objective):
 
     def forward(self, batch: GroupFeatures) -> dict[str, Tensor]:
         tau = 1.0 / self.logit_scale.exp() if self.learned else self.tau
-        parts = {"loss": losses.clip_loss(batch.image, batch.text, tau=tau, text_ids=batch.text_ids)}
+        parts = {"loss": losses.clip_loss(batch.image, batch.text, tau=tau, text_ids=batch.text_ids,
+                                          normalize=self.unit_features)}
         if self.learned:
             parts["logit_scale"] = self.logit_scale.detach().exp()
         return parts
@@ -62,9 +89,12 @@ class Clip(Objective):
                 self.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
 
     def describe(self) -> dict[str, Any] | None:
-        if not self.learned:
-            return None
-        return {"logit_scale": {"mode": "learned", "final_exp": float(self.logit_scale.detach().exp())}}
+        out: dict[str, Any] = {}
+        if self.learned:
+            out["logit_scale"] = {"mode": "learned", "final_exp": float(self.logit_scale.detach().exp())}
+        if not self.unit_features:
+            out["features"] = "raw: the towers' unnormalized outputs (options.hierarcaps_features)"
+        return out or None
 
     def training_only_weights(self) -> dict[str, dict[str, Tensor]]:
         return {"logit_scale.safetensors": {"logit_scale": self.logit_scale.detach().cpu()}} if self.learned else {}
