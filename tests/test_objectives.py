@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from float_tolerance import ADAM_EPS, trained_tolerance
 from pydantic import ValidationError
 from test_train import _final_and_log, _interrupt_at, make_run
 from test_train_distributed import free_port
@@ -30,6 +31,7 @@ from cglib.weights import load_weights
 PLUGINS = Path(__file__).parent / "plugins"
 OWN = "my_objectives:CentroidTriplet"
 WORLD_SIZE = 2
+LR = 0.1  # with ADAM_EPS (float_tolerance.py) the gradient, not the weight decay, moves the weights
 
 
 @pytest.fixture
@@ -148,8 +150,8 @@ def one_step_each(run_dir: Path, info: DistInfo) -> dict:
         texts = sorted(set(sampler.all_texts()) | (objective.replacement_texts() or set()))
         table = torch.from_numpy(encode_texts(bundle, texts))
         module = wrap(GroupTask(bundle, objective, table), info)
-        stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
-                          grad_clip=1.0, device=torch.device("cpu"), head=objective)
+        stepper = Stepper(bundle.model, module, lr=LR, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
+                          grad_clip=1.0, device=torch.device("cpu"), head=objective, eps=ADAM_EPS)
         item = GroupBatchData(sampler, inputs.cache, 0, 0, info, {t: k for k, t in enumerate(texts)}, None,
                               objective.pair_replacements())[0]
         result = stepper.step([item], module, lambda r, o=objective: o.after_step(bool(r["skipped"])))
@@ -187,9 +189,12 @@ def test_every_image_text_objective_under_ddp_equals_one_process(tmp_path, plugi
         for rank in ranks:
             got = rank[loss]
             assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5), loss
+            # one optimizer step: at most one ulp apart, which rtol = EPS32 admits (tests/float_tolerance.py);
+            # measured 69% (AVX2) and 91% (AVX-512) of the tolerance, each one ulp. The
+            # memory's rows are forward values (no optimizer): 2e-6 / 1e-5, far above their rounding
             for part in ("params", "objective"):
                 for name, value in expected[part].items():
-                    torch.testing.assert_close(got[part][name], value, atol=2e-6, rtol=1e-5, msg=f"{loss} {name}")
+                    torch.testing.assert_close(got[part][name], value, **trained_tolerance(1, LR), msg=f"{loss} {name}")
             for key in ("image", "text"):
                 if expected["extra"]:
                     torch.testing.assert_close(got["extra"][key], expected["extra"][key], atol=2e-6, rtol=1e-5)

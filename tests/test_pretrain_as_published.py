@@ -18,6 +18,7 @@ from cglib.train import train_one
 from cglib.train.objectives import TextAlignment
 from cglib.train.pretrain import PublishedTextPairSampler, _chain
 from tests.factories import tiny_magic
+from tests.float_tolerance import ADAM_EPS, optimizer_steps, trained_tolerance
 
 
 def authors_pretrain_pairs(magic, with_levels: bool):
@@ -95,9 +96,12 @@ def test_the_authors_pretraining_under_torchrun_equals_one_process(tmp_path):
     is a DDP parameter of the text phase, its gradient averaged like the tower's."""
     params = {"run": {"name": "ddp", "device": "cpu", "threads": 1},
               "model": {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": False},
-              "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 1e-3, "warmup_steps": 1,
-                        "pretrain_pairs": "as_published", "pretrain_batch_size": 8, "pretrain_epochs": 1,
-                        "pretrain_lr": 1e-3, "runs": [{"name": "pp", "loss": "pairwise", "pretrain": "with_concepts"}]}}
+              # ADAM_EPS keeps AdamW from amplifying rounding (tests/float_tolerance.py); at lr 0.1 the gradients,
+              # not the weight decay, move the weights
+              "train": {"groups_per_batch": 2, "pairs_per_group": 3, "epochs": 1, "lr": 0.1, "warmup_steps": 1,
+                        "adam_eps": ADAM_EPS, "pretrain_pairs": "as_published", "pretrain_batch_size": 8,
+                        "pretrain_epochs": 1, "pretrain_lr": 0.1,
+                        "runs": [{"name": "pp", "loss": "pairwise", "pretrain": "with_concepts"}]}}
     params_path = tmp_path / "ddp.yaml"
     params_path.write_text(yaml.safe_dump(params))
     distributed_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
@@ -112,5 +116,8 @@ def test_the_authors_pretraining_under_torchrun_equals_one_process(tmp_path):
     expected = load_file(str(single_dir / "training/pp/final.safetensors"))
     assert not torch.equal(expected["logit_scale"], load_file(str(single_dir / "training/initial.safetensors"))[
         "logit_scale"])
+    # 78 steps at lr 0.1: atol 9.3e-7, rtol 9.3e-6; measured, the largest difference used 6% of it on AVX2 and on
+    # AVX-512 kernels (1.2e-7, one ulp of a token embedding near 1)
+    tolerance = trained_tolerance(optimizer_steps(single_dir / "training/pp"), lr=0.1)
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got[name], expected[name], **tolerance, msg=name)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from float_tolerance import ADAM_EPS, trained_tolerance
 from test_train import make_run
 from test_train_distributed import free_port
 
@@ -24,6 +25,7 @@ from cglib.weights import load_weights
 
 WORLD_SIZE = 2
 STEPS = 2
+LR = 0.1  # with ADAM_EPS (float_tolerance.py) the gradient, not the weight decay, moves the weights
 
 
 def memory_steps(run_dir: Path, info: DistInfo) -> dict:
@@ -42,8 +44,8 @@ def memory_steps(run_dir: Path, info: DistInfo) -> dict:
                                                         "memory_momentum": 0.5}})
     objective.memory = memory
     module = wrap(GroupTask(bundle, objective, table), info)
-    stepper = Stepper(bundle.model, module, lr=1e-3, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
-                      grad_clip=1.0, device=torch.device("cpu"))
+    stepper = Stepper(bundle.model, module, lr=LR, weight_decay=0.1, warmup_steps=0, total_steps=10, amp=None,
+                      grad_clip=1.0, device=torch.device("cpu"), eps=ADAM_EPS)
     data = GroupBatchData(sampler, inputs.cache, 0, 0, info, rows, None)
     losses = []
     for b in range(STEPS):
@@ -82,5 +84,6 @@ def test_ddp_memory_steps_equal_single_process_steps(tmp_path):
         assert got["losses"] == pytest.approx(single["losses"], rel=1e-5)
         for side in ("image", "text"):
             torch.testing.assert_close(got["memory"][side], single["memory"][side], atol=2e-6, rtol=1e-5)
+        # measured 37% (AVX2) and 35% (AVX-512) of the tolerance (tests/float_tolerance.py)
         for name, value in single["params"].items():
-            torch.testing.assert_close(got["params"][name], value, atol=2e-6, rtol=1e-5, msg=name)
+            torch.testing.assert_close(got["params"][name], value, **trained_tolerance(STEPS, LR), msg=name)
