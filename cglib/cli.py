@@ -311,6 +311,24 @@ def _params_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _student_version(args: argparse.Namespace) -> int:
+    from cglib.course.student import (  # lazy: cglib.course loads torch
+        SolutionMarkerError,
+        write_student_version,
+    )
+    from cglib.pipeline import default_notebook_dir  # lazy: numpy; keeps cglib --help light
+
+    notebooks = Path(args.notebooks) if args.notebooks else default_notebook_dir()
+    try:
+        with_exercises = write_student_version(notebooks, args.out)
+    except (SolutionMarkerError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"Student version in {args.out}: solutions replaced by stubs in "
+          f"{', '.join(p.name for p in with_exercises) or 'no notebook (none has exercises)'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cglib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -406,6 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hierarcaps-per-concept", type=int, default=2, help="HierarCaps-format images per concept "
                    "(0: none)")
     p.set_defaults(func=_synthetic_coco)
+
+    p = sub.add_parser("student-version", help="the notebooks with every exercise's solution replaced by a stub "
+                       "(code raises NotImplementedError, answers read YOUR ANSWER HERE), for students")
+    p.add_argument("--out", default="outputs/student", help="folder for the student notebooks (default: "
+                   "outputs/student)")
+    p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
+    p.set_defaults(func=_student_version)
 
     p = sub.add_parser("params", help="print every params key with its type, default and meaning (markdown)")
     p.set_defaults(func=_params_table)

@@ -1,0 +1,81 @@
+"""The student version of the notebooks: every solution region replaced by a stub, as nbgrader's ClearSolutions does.
+
+A solution region runs from a line `### BEGIN SOLUTION` to a line `### END SOLUTION` (the markers nbgrader reads,
+so a course can also grade with nbgrader). In a code cell the region becomes `raise NotImplementedError(...)` at the
+marker's indentation; in a markdown cell it becomes "YOUR ANSWER HERE". Outputs are cleared. Only nbformat is used:
+no grading tool is needed to produce the student version.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import nbformat
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+CODE_STUB = 'raise NotImplementedError("Exercise: write your solution here")'
+TEXT_STUB = "YOUR ANSWER HERE"
+
+
+class SolutionMarkerError(ValueError):
+    """A solution region that does not close, or closes without opening."""
+
+
+def strip_solutions(source: str, cell_type: str, where: str = "cell") -> str:
+    """`source` with each solution region replaced by the stub of its cell type; `where` names the cell in errors."""
+    out: list[str] = []
+    inside = False
+    for number, line in enumerate(source.splitlines(), start=1):
+        marker = line.strip()
+        if marker == BEGIN_SOLUTION:
+            if inside:
+                raise SolutionMarkerError(f"{where}, line {number}: {BEGIN_SOLUTION} inside an open solution region; "
+                                          f"close the first with {END_SOLUTION}")
+            inside = True
+            indent = line[:len(line) - len(line.lstrip())]
+            out.append(indent + CODE_STUB if cell_type == "code" else TEXT_STUB)
+        elif marker == END_SOLUTION:
+            if not inside:
+                raise SolutionMarkerError(f"{where}, line {number}: {END_SOLUTION} without {BEGIN_SOLUTION}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise SolutionMarkerError(f"{where}: {BEGIN_SOLUTION} is never closed; add a line {END_SOLUTION}")
+    return "\n".join(out)
+
+
+def has_solution(notebook: nbformat.NotebookNode) -> bool:
+    return any(BEGIN_SOLUTION in cell.source for cell in notebook.cells)
+
+
+def student_notebook(notebook: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
+    """A copy of `notebook` with its solutions stubbed and its outputs cleared."""
+    student = copy.deepcopy(notebook)
+    for index, cell in enumerate(student.cells):
+        cell.source = strip_solutions(cell.source, cell.cell_type, where=f"{name}, cell {index}")
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return student
+
+
+def write_student_version(notebooks: str | Path, out: str | Path) -> list[Path]:
+    """Write the student version of every notebook of the folder `notebooks` into `out` (the same file names; a
+    notebook without exercises is copied with its outputs cleared, so the series stays whole). Returns the paths
+    of the notebooks that hold exercises."""
+    notebooks, out = Path(notebooks), Path(out)
+    sources = sorted(notebooks.glob("[0-9][0-9]_*.ipynb"))
+    if not sources:
+        raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebooks}; pass the notebooks folder")
+    if out.resolve() == notebooks.resolve():
+        raise ValueError(f"the student version would overwrite the solutions in {notebooks}; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    with_exercises = []
+    for source in sources:
+        notebook = nbformat.read(source, as_version=4)
+        nbformat.write(student_notebook(notebook, name=source.name), out / source.name)
+        if has_solution(notebook):
+            with_exercises.append(out / source.name)
+    return with_exercises
