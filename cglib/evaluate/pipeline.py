@@ -14,11 +14,13 @@ Files under `<run>/evaluation/`:
     seeds.csv        the value of every (model, training seed) per metric row (Fig. 4's thin lines, seed_sd)
     differences.csv  paired differences between every two models on the same items, with paired CIs, p-values
                      and Holm-adjusted p-values (the family: every difference of that metric row)
-    table3.csv/.md   Table 3 regenerated (percent, 95% CIs); the .md also has the paper's gain rows under it
+    table3.csv/.md   Table 3 regenerated (percent, 95% CIs); the .md also has our gain rows under it (gains.csv)
     table3_as_published.csv/.md   the same models scored with the authors' evaluation protocol, the paper's rows
-                     under them (evaluate/paper.py), and what the evaluation corrections change
+                     under them, the gain rows by the paper's rule beside the paper's printed ones
+                     (evaluate/paper.py), and what the evaluation corrections change
     protocol_changes.csv   per column: corrected minus as published, paired CI (evaluate/protocols.py)
-    gains.csv        the "Avg Accuracy Gain w.r.t." rows per Table 3 column (points, relative %, paired CIs)
+    gains.csv        our "Avg Accuracy Gain w.r.t." rows per Table 3 column (our definition, evaluate/gains.py:
+                     points, relative %, paired CIs)
     scores.npz       the per-query scores behind every number (to recompute any interval or difference)
     embeddings/      per-model embedding caches
     models/<NAME>/   `evaluate_model`: one more model (and the zero-shot model for reference) on the same items,

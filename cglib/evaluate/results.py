@@ -12,7 +12,7 @@ import pandas as pd
 
 from cglib.evaluate.benchmarks import Key
 from cglib.evaluate.bootstrap import Scores
-from cglib.evaluate.gains import GAIN_COLUMNS, gains_display
+from cglib.evaluate.gains import GAIN_COLUMNS, gains_display, model_roles
 from cglib.evaluate.gallery import MetricScores
 from cglib.evaluate.loading import ZERO_SHOT
 from cglib.evaluate.paper import table3_as_published_markdown
@@ -102,7 +102,7 @@ def write_results(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differe
         changes.to_csv(paths["protocol_changes"], index=False)
         paths["table3_published_md"].write_text(table3_as_published_markdown(
             published, table3_protocols(published, info, "as_published"), info["settings"]["choices"],
-            protocol_changes_markdown(changes)), encoding="utf-8")
+            model_roles(info["models"]), protocol_changes_markdown(changes)), encoding="utf-8")
     else:
         del paths["table3_published_csv"], paths["table3_published_md"], paths["protocol_changes"]
     arrays = {}

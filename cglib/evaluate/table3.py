@@ -82,10 +82,20 @@ def table3(metrics: pd.DataFrame, protocol: str = "corrected") -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("model")
 
 
+def table3_headers(table: pd.DataFrame) -> list[str]:
+    """The columns of `table3(...)` that hold values (not their CIs, counts, chance, flags or seeds)."""
+    return [c for c in table.columns if not c.endswith((" ci_low", " ci_high", " n", " chance"))
+            and c not in ("exposed_to_eval_strings", "seeds")]
+
+
+def table3_values(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 3's values alone, models x columns in percent (what a gain is computed from)."""
+    return table[table3_headers(table)].astype(float)
+
+
 def table3_display(table: pd.DataFrame) -> pd.DataFrame:
     """Table 3 with 'value [low, high]' cells, daggers on exposed models (for markdown and notebooks)."""
-    headers = [c for c in table.columns if not c.endswith((" ci_low", " ci_high", " n", " chance"))
-               and c not in ("exposed_to_eval_strings", "seeds")]
+    headers = table3_headers(table)
     out = pd.DataFrame(index=[model_label(m, bool(table.loc[m, "exposed_to_eval_strings"])) for m in table.index],
                        columns=headers, dtype=object)
     for model, label in zip(table.index, out.index):
@@ -166,8 +176,8 @@ def zero_shot_section(differences: pd.DataFrame, metrics: pd.DataFrame, ci: floa
 def table3_markdown(table: pd.DataFrame, notes: Sequence[str] = (), shown_gains: pd.DataFrame | None = None,
                     gain_notes: Sequence[str] = (), protocols: dict[str, str] | None = None,
                     zero_shot: Sequence[str] = ()) -> str:
-    """table3.md: the table with its 95% CIs, the paper's gain rows under the model rows (when given: the gain rows
-    as `gains.gains_display` shows them), the notes that say how every column was computed, then the gains' notes,
+    """table3.md: the table with its 95% CIs, our gain rows under the model rows (when given: as
+    `gains.gains_display` shows them), the notes that say how every column was computed, then the gains' notes,
     then `zero_shot` (`zero_shot_section`). `protocols` (`table3_protocols`) puts each column's protocol and chance
     in its header."""
     display = table3_display(table)
@@ -179,7 +189,8 @@ def table3_markdown(table: pd.DataFrame, notes: Sequence[str] = (), shown_gains:
     body = markdown_table(display)
     lines = ["# Table 3 (regenerated)", "", body, "", *[f"- {n}" for n in notes]]
     if shown_gains is not None:
-        lines += ["", "## Gain rows (Avg Accuracy Gain w.r.t.)", "", *[f"- {n}" for n in gain_notes]]
+        lines += ["", "## Gain rows, our definition (Avg Accuracy Gain w.r.t., paired CIs)", "",
+                  *[f"- {n}" for n in gain_notes]]
     if zero_shot:
         lines += ["", *zero_shot]
     return "\n".join([*lines, ""])
