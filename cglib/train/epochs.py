@@ -1,10 +1,10 @@
 """What one image-text epoch covers (`train.epoch`): the anchors of its batches, as a pure function of (seed, epoch).
 
-- "pairs" (the authors' code, the schema default): every training (image, generalized caption) pair once. Each
-  concept's pairs are shuffled (seeded by seed and epoch) and cut into chunks of N; each chunk is the anchor
-  group of one batch, and the chunks of all concepts are visited in a seeded random order. A concept's last
-  chunk, when shorter than N, is filled up with other pairs of the same concept (counted as repeats), so every
-  batch keeps the (M, N) shape. About (number of pairs) / N batches per epoch.
+- "pairs" (the schema default; close to the authors' epoch, which is "pairs_as_published"): every training
+  (image, generalized caption) pair once. Each concept's pairs are shuffled (seeded by seed and epoch) and cut
+  into chunks of N; each chunk is the anchor group of one batch, and the chunks of all concepts are visited in a
+  seeded random order. A concept's last chunk, when shorter than N, is filled up with other pairs of the same
+  concept (counted as repeats), so every batch keeps the (M, N) shape. About (number of pairs) / N batches per epoch.
 - "groups": one batch per training group, each group the anchor once in a seeded random order; its N pairs are
   drawn when the batch is built (sampler.py). About N times fewer steps than "pairs" at one caption per image.
 - "pairs_as_published" (run.protocol: as_published): the authors' TrainConceptDataset, DataLoader and training
