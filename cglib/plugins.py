@@ -4,6 +4,14 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
+
+
+def named(path: str) -> Any:
+    """The object at `path` ("package.module:name"), its module imported now: how a lower layer reaches the class
+    or function a registry names without importing it at the top (where a params file's names are checked)."""
+    module_name, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
 
 
 def load_plugin(path: str, base: type, what: str, fix: str) -> type:

@@ -9,9 +9,13 @@ from pydantic import Field, field_validator, model_validator
 
 from cglib.config.base import Section, _unique
 from cglib.config.inputs import ModelParams
+from cglib.plugins import named
 
 ZERO_SHOT_NAME = "zero-shot"  # the untrained initial model's row name (cglib.evaluate.loading.ZERO_SHOT)
 MINILM_CONFIGS = ("cglib-demo-vit", "cglib-tiny-vit")  # cglib configs whose default text tower is MiniLM
+# what checks an eval.benchmarks entry (a Benchmark subclass with a name of its own): the evaluation layer's loader,
+# named, not imported, so only a file that plugs in a benchmark loads it (its plug-in imports it anyway)
+BENCHMARK_LOADER = "cglib.evaluate.benchmarks:load_benchmark"
 
 
 class ZooModelParams(Section):
@@ -94,11 +98,7 @@ class EvalParams(Section):
     @field_validator("benchmarks")
     @classmethod
     def _benchmark_plugins(cls, paths: list[str]) -> list[str]:
-        if not paths:  # no import of the evaluation package when loading params that plug in nothing
-            return paths
-        from cglib.evaluate.benchmarks import load_benchmark  # lazy: upward (a cycle)
-
-        names = [load_benchmark(path).name for path in paths]  # a ValueError says what to fix
+        names = [named(BENCHMARK_LOADER)(path).name for path in paths]  # a ValueError says what to fix
         _unique(names, "eval.benchmarks (their names)")
         return paths
 

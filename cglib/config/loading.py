@@ -59,7 +59,7 @@ def _check_paths(params: Params, root: Path) -> list[tuple[str, str]]:
     if d.source == "hierarcaps" or params.eval.hierarcaps:
         needed += [("data.hierarcaps_csv", d.hierarcaps_csv), ("data.hierarcaps_images", d.hierarcaps_images)]
     for entry in params.train.runs:  # files an objective reads (re on the HierarCaps train hierarchies)
-        needed += [f for f in entry.objective().input_files(params, entry) if f not in needed]
+        needed += [f for f in entry.objective_spec().input_files(params, entry) if f not in needed]
     if params.model.checkpoint is not None:
         needed.append(("model.checkpoint", params.model.checkpoint))
     if params.model.hf_state_dict is not None:

@@ -10,6 +10,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from cglib.config.evaluation import ZooModelParams
+from cglib.config.objectives import OBJECTIVE_SPECS
 from cglib.config.params import Params
 from cglib.config.training import TrainRunParams
 
@@ -31,10 +32,8 @@ def schema_table() -> list[dict[str, str]]:
                          "meaning": field.description or ""})
             if name == "runs":
                 walk(TrainRunParams, key + "[].")
-                from cglib.train.objectives import OBJECTIVES  # lazy: upward (torch); their own options
-
                 options: dict[tuple, list[str]] = {}  # an option several objectives share is one row
-                for loss, objective in OBJECTIVES.items():
+                for loss, objective in OBJECTIVE_SPECS.items():
                     for sub, f in objective.Options.model_fields.items():
                         default = "(required)" if f.is_required() else json.dumps(
                             _jsonable(f.get_default(call_default_factory=True)))

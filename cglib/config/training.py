@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from cglib.config.base import Section, _unique
+from cglib.config.objectives import ObjectiveSpec, objective_spec, trained_by
 
 # train.runs[i] keys that became options of the objectives that read them (train.runs[i].options)
 MOVED_RUN_KEYS = {"alpha_on": "pairwise, centroid, memory_centroid", "tau_inner": "pairwise, centroid, memory_centroid",
@@ -66,15 +67,13 @@ class TrainRunParams(Section):
     @classmethod
     def _known_objective(cls, loss: str) -> str:
         """A built-in objective's name or an importable `package.module:ClassName` (the error names the fix)."""
-        from cglib.train.objectives import objective_class  # lazy: upward, torch
-
-        objective_class(loss)
+        objective_spec(loss)
         return loss
 
     @model_validator(mode="after")
     def _objective_accepts_entry(self) -> TrainRunParams:
         """The objective's own rules for its run entries (cglib/train/objectives), and n-gram groups' rule."""
-        objective = self.objective()
+        objective = self.objective_spec()
         # the objective's options, validated by its own model (errors name the key and the objective)
         given = self.options.model_dump() if isinstance(self.options, BaseModel) else (self.options or {})
         try:
@@ -90,15 +89,17 @@ class TrainRunParams(Section):
                              "pretrain: none (or groups: magic)")
         return self
 
-    def objective(self) -> type:
-        """The objective class that trains this entry (`cglib.train.objectives.objective_for`)."""
-        from cglib.train.objectives import objective_for  # lazy: upward, the objectives import torch
+    def objective_spec(self) -> type[ObjectiveSpec]:
+        """The declaration of the objective that trains this entry (cglib/config/objectives; no torch)."""
+        return objective_spec(self.loss).for_entry(self)
 
-        return objective_for(self)
+    def objective(self) -> type:
+        """The objective class (an nn.Module) that trains this entry; a built-in one is imported now, with torch."""
+        return trained_by(self.objective_spec())
 
     def trains_images(self) -> bool:
         """Whether the run has an image-text phase (a text objective such as re trains the text side alone)."""
-        return self.objective().phase == "train"
+        return self.objective_spec().phase == "train"
 
 
 class BaseTrainParams(Section):

@@ -18,10 +18,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
+from typing import TYPE_CHECKING
 
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,8 @@ def download(url: str, dest: str | Path, sha256: str | None = None, md5: str | N
             return dest
         logger.warning("%s exists but %s; downloading it again", dest, problem)
         dest.unlink()
+    import httpx  # lazy: httpx takes ~0.4 s to import; cglib --help and validate import this module
+
     part = dest.with_name(dest.name + ".part")
     with httpx.Client(follow_redirects=True, timeout=timeout, headers={"User-Agent": USER_AGENT}) as client:
         for attempt in range(retries + 1):

@@ -5,16 +5,18 @@
     objective = objective_with("centroid", tau=0.1, tau_inner=0.1, alpha=0.7)   # outside a run (figures, notebooks)
 
 `train.runs[i].loss` is a built-in name (`OBJECTIVES` below) or `package.module:ClassName`, a subclass of
-`Objective` defined anywhere importable (see base.py for the contract and a ten-line example). The training
-loop, the checkpoint, the run summary, Table 3's roles and the figures ask the objective (its family, label,
-hooks), never its name, so a new objective is one file.
+`Objective` defined anywhere importable (see base.py for the contract and a ten-line example). What params
+validation reads of a built-in one (name, family, Options, the params checks) is its torch-free declaration in
+cglib/config/objectives/, which its class here subclasses. The training loop, the checkpoint, the run summary,
+Table 3's roles and the figures ask the objective (its family, label, hooks), never its name, so a new objective
+is one file (and its declaration).
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from cglib.config.objectives import objective_spec, trained_by
 from cglib.config.protocol import protocol_options
 from cglib.plugins import load_plugin
 from cglib.train.objectives.base import FAMILIES, GroupFeatures, Objective, Setup
@@ -40,11 +42,8 @@ def objective_class(loss: str) -> type[Objective]:
     """The objective class a `loss` names: a built-in name or `package.module:ClassName` (imported)."""
     if loss in OBJECTIVES:
         return OBJECTIVES[loss]
-    if ":" not in loss:  # not a package.module:ClassName path: a misspelt built-in name
-        close = difflib.get_close_matches(loss, list(OBJECTIVES), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"unknown loss {loss!r}; {hint}use one of {', '.join(OBJECTIVES)} or your own objective "
-                         "as package.module:ClassName")
+    if ":" not in loss:  # a misspelt built-in name: the declarations' registry says which it may be
+        return trained_by(objective_spec(loss))
     cls = load_plugin(loss, Objective, "loss", "define it as `class MyObjective(Objective)` with a forward(batch)")
     if cls.family not in FAMILIES:
         raise ValueError(f"loss {loss!r}: family {cls.family!r} is not one of {', '.join(FAMILIES)}; set the class "
@@ -54,7 +53,7 @@ def objective_class(loss: str) -> type[Objective]:
 
 def objective_for(entry: Any) -> type[Objective]:
     """The objective class of a run entry (a centroid run with options.memory_momentum is the memory variant)."""
-    return objective_class(entry.loss).for_entry(entry)
+    return entry.objective()
 
 
 def build_objective(params: Any, entry: Any, spec: dict[str, Any]) -> Objective:

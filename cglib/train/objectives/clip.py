@@ -18,31 +18,18 @@ normalize in their forward. Only the features of the loss change; evaluation nor
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
 from cglib import losses
-from cglib.config import Section
+from cglib.config.objectives.clip import ClipOptions, ClipSpec
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
 
+__all__ = ["MAX_LOGIT_SCALE", "Clip", "ClipOptions", "starts_from_hierarcaps"]
+
 MAX_LOGIT_SCALE = math.log(100)  # open_clip's and the authors' clamp
-
-
-class ClipOptions(Section):
-    """train.runs[i].options of a loss: clip run."""
-
-    logit_scale: Literal["fixed", "learned"] | None = Field(
-        None, description="fixed: logits = cos / tau (the run's tau); learned: the model's logit scale trained with "
-        "the towers, clamped at ln 100 (the authors' ClipLoss fine-tuning); null = run.protocol's (corrected: "
-        "fixed, as_published: learned).")
-    hierarcaps_features: Literal["normalized", "raw"] | None = Field(
-        None, description="The features of a run that fine-tunes the HierarCaps model (init chain reaching a loss: "
-        "re run). normalized: unit norm, as every other run; raw: the towers' unnormalized outputs (the authors' "
-        "train.py with their transformers CLIPModel); null = run.protocol's (corrected: normalized, as_published: "
-        "raw). Other runs are always normalized.")
 
 
 def starts_from_hierarcaps(params: Any, entry: Any) -> bool:
@@ -51,15 +38,13 @@ def starts_from_hierarcaps(params: Any, entry: Any) -> bool:
     seen = {entry.name}
     while entry.init is not None and entry.init not in seen:
         entry = runs[entry.init]
-        if entry.objective().phase == "re":
+        if entry.objective_spec().phase == "re":
             return True
         seen.add(entry.name)
     return False
 
 
-class Clip(Objective):
-    name, label, family = "clip", "CLIP InfoNCE", "clip"
-    Options = ClipOptions
+class Clip(ClipSpec, Objective):
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)

@@ -13,14 +13,13 @@ from typing import Any
 from torch import Tensor
 
 from cglib import losses
+from cglib.config.objectives.clip import ClipHardNegativesSpec
 from cglib.data.permute import permuter_for
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
 from cglib.train.objectives.keyword_negatives import HardNegativePlan, plan_hard_negatives
 
 
-class ClipHardNegatives(Objective):
-    name, label, family = "clip_hn", "CLIP with keyword-permuted hard negatives", "clip"
-    related = "keyword-permuted hard negatives (Rosch et al.)"
+class ClipHardNegatives(ClipHardNegativesSpec, Objective):
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)

@@ -10,33 +10,18 @@ term by alpha, the authors' `loss.py` the outer one.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-
-from cglib.config import Params, Section
+from cglib.config import Params
+from cglib.config.objectives.group_losses import GroupLossOptions, GroupLossSpec
 from cglib.config.protocol import option_keys
 from cglib.train.objectives.base import Objective
 
-
-class GroupLossOptions(Section):
-    """train.runs[i].options of a group-loss run (null = the train section's value)."""
-
-    tau_inner: float | None = Field(None, gt=0, description="Inner temperature tau' (Eqs. 3, 7); null = "
-                                    "train.tau_inner.")
-    alpha: float | None = Field(None, ge=0.0, le=1.0, description="Weight of the inner term (Eqs. 4, 8); null = "
-                                "train.alpha.")
-    alpha_on: Literal["inner", "outer"] | None = Field(
-        None, description="Which term alpha weighs: inner (the paper's Eqs. 4, 8) or outer (the authors' loss.py); "
-        "null = run.protocol's (corrected: inner, as_published: outer).")
+__all__ = ["GroupLossOptions", "GroupObjective"]
 
 
-class GroupObjective(Objective):
+class GroupObjective(GroupLossSpec, Objective):
     """Base of the group losses: `self.tau`, `self.tau_inner`, `self.alpha`, `self.alpha_on` are set."""
-
-    family = "group"
-    min_groups = 2
-    Options = GroupLossOptions
 
     def __init__(self, spec: dict[str, Any], params: Params | None = None) -> None:
         super().__init__(spec, params)
@@ -46,8 +31,3 @@ class GroupObjective(Objective):
             raise ValueError(f"the {self.name} objective needs options {', '.join(unset)}: give them in the "
                              "spec's options, or build it from run_spec (train and run.protocol fill them)")
         self.tau_inner, self.alpha, self.alpha_on = self.options.tau_inner, self.options.alpha, self.options.alpha_on
-
-    @classmethod
-    def resolve_options(cls, options: GroupLossOptions, params: Params) -> GroupLossOptions:
-        filled = {key: getattr(params.train, key) for key in ("tau_inner", "alpha") if getattr(options, key) is None}
-        return super().resolve_options(options, params).model_copy(update=filled)

@@ -13,29 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from cglib import losses
-from cglib.config import Section
+from cglib.config.objectives.mcc import MCCOptions, MCCSpec
 from cglib.encoding import encode_texts
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
 from cglib.train.objectives.concept_head import ConceptBank, ConceptHead, build_head
 
-
-class MCCOptions(Section):
-    """train.runs[i].options of a loss: mcc run."""
-
-    weight: float = Field(1.0, ge=0, description="Weight of the MCC term added to CLIP's InfoNCE.")
-    hidden: int | None = Field(None, ge=1, description="Hidden width of the concept head's 2-layer MLP (null = the "
-                               "joint embedding size).")
+__all__ = ["MCC", "MCCOptions"]
 
 
-class MCC(Objective):
-    name, label, family = "mcc", "CLIP + concept-conditioned image contrast (MCC, C3)", "clip"
-    related = "concept-conditioned image contrast, MCC (C3)"
-    min_pairs = 2
-    Options = MCCOptions
+class MCC(MCCSpec, Objective):
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)
@@ -43,13 +32,6 @@ class MCC(Objective):
         self.head: ConceptHead | None = None
         self.bank: ConceptBank | None = None
         self.info: dict[str, Any] | None = None
-
-    @classmethod
-    def exposure(cls, params: Any, entry: Any) -> list[str]:
-        if entry.groups != "magic":
-            return []
-        return [("MCC conditions the image space on the l1 concept names (the l1 evaluation queries) through its "
-                 "concept head (loss: mcc on MAGIC groups)")]
 
     def setup(self, setup: Setup) -> None:
         groups = list(setup.sampler.groups)

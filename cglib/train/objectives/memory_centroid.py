@@ -11,27 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
 from torch import Tensor
 
 from cglib import losses
+from cglib.config.objectives.group_losses import MemoryCentroidOptions, MemoryCentroidSpec
 from cglib.train.objectives.base import GroupFeatures, Setup
 from cglib.train.objectives.concept_memory import ConceptMemory, initial_memory
-from cglib.train.objectives.group_loss import GroupLossOptions, GroupObjective
+from cglib.train.objectives.group_loss import GroupObjective
+
+__all__ = ["MemoryCentroid", "MemoryCentroidOptions"]
 
 
-class MemoryCentroidOptions(GroupLossOptions):
-    """train.runs[i].options of a memory-centroid run (loss: memory_centroid, or centroid with a momentum)."""
-
-    memory_momentum: float = Field(
-        ..., gt=0.0, lt=1.0, description="m of the memory update mem <- normalize(m * mem + (1 - m) * batch "
-        "centroid), strictly between 0 and 1 (e.g. 0.9).")
-
-
-class MemoryCentroid(GroupObjective):
-    name, label = "memory_centroid", "centroid loss with a concept memory (DCCL)"
-    related = "momentum concept memory (DCCL, Pu et al. CVPR 2023)"
-    Options = MemoryCentroidOptions
+class MemoryCentroid(MemoryCentroidSpec, GroupObjective):
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)

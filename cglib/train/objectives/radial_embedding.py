@@ -8,43 +8,19 @@ them with the starting tower's embeddings, which the phase computes once and han
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from cglib.config import Section
+from cglib.config.objectives.radial_embedding import RadialEmbeddingSpec, REOptions
 from cglib.train.objectives.base import Objective
 from cglib.train.re_run import re_step_loss
 
-
-class REOptions(Section):
-    """train.runs[i].options of a loss: re run (HierarCaps' settings by default)."""
-
-    data: Literal["magic", "hierarcaps_train"] = Field(
-        "magic", description="The RE items. magic: built from this run's MAGIC train split (concept chain l_max..l1 "
-        "+ a caption; the chain names are the l1-l4 evaluation queries, so the run is exposed to evaluation "
-        "strings); hierarcaps_train: the authors' ~70k hierarchies (data.hierarcaps_train_csv).")
-    epochs: int = Field(1, ge=1, description="Epochs over the RE items (HierarCaps: 1).")
-    batch_size: int = Field(8, ge=1, description="RE items per batch (HierarCaps: 8).")
-    lr: float = Field(1e-7, gt=0, description="Peak learning rate (HierarCaps' code: 1e-7).")
-    w_mean: float = Field(1.0, ge=0, description="Weight of the mean term (paper: 1).")
-    w_minimax: float = Field(1.0, ge=0, description="Weight of the mini-max term (paper: 1).")
-    w_reg: float = Field(10.0, ge=0, description="Weight of the frozen-tower regularizer (paper: 10).")
-    released: Path | None = Field(
-        None, description="A file of the HierarCaps authors' released weights (a transformers CLIPModel state dict "
-        "over openai/clip-vit-base-patch32; relative to the repo root). When it exists the row loads its text tower "
-        "onto the base instead of training (summary weights_source: released); absent, the row is trained here and "
-        "marked so.")
+__all__ = ["REOptions", "RadialEmbedding"]
 
 
-class RadialEmbedding(Objective):
-    name, label, family = "re", "Radial Embedding alignment (HierarCaps)", "text"
-    phase = "re"
-    Options = REOptions
-    distributed_refusal = "its text phase trains on one process"
+class RadialEmbedding(RadialEmbeddingSpec, Objective):
 
     def __init__(self, spec: dict[str, Any], params: Any = None) -> None:
         super().__init__(spec, params)
@@ -52,33 +28,6 @@ class RadialEmbedding(Objective):
         self.weights = {"w_mean": o.w_mean, "w_minimax": o.w_minimax, "w_reg": o.w_reg}
         self.frozen: Tensor | None = None
         self.rows: dict[str, int] = {}
-
-    @classmethod
-    def check_entry(cls, entry: Any) -> None:
-        super().check_entry(entry)
-        if entry.pretrain != "none":
-            raise ValueError(f"run {entry.name!r}: loss re trains the text tower on its own data and takes no textual "
-                             "pretraining; set pretrain: none")
-        if entry.groups == "ngram":
-            raise ValueError(f"run {entry.name!r}: loss re trains on concept chains, not on group batches; remove "
-                             "groups: ngram (or choose an image-text loss)")
-
-    @classmethod
-    def check(cls, params: Any, entry: Any) -> None:
-        """An RE run never draws group batches: train.groups_per_batch and pairs_per_group do not concern it."""
-
-    @classmethod
-    def exposure(cls, params: Any, entry: Any) -> list[str]:
-        if entry.options.data != "magic":
-            return []
-        return [("RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives "
-                 "(options.data: magic)")]
-
-    @classmethod
-    def input_files(cls, params: Any, entry: Any) -> list[tuple[str, Any]]:
-        if entry.options.data != "hierarcaps_train":
-            return []
-        return [("data.hierarcaps_train_csv", params.data.hierarcaps_train_csv)]
 
     def reference(self, frozen: Tensor, rows: dict[str, int]) -> None:
         """The starting tower's embedding `frozen[rows[text]]` of every text the phase can meet (the regularizer)."""
