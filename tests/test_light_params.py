@@ -1,6 +1,6 @@
 """Params load without the heavy stack: validating a file imports neither torch nor open_clip (the objectives'
 declarations live in cglib/config/objectives, their nn.Modules are imported only to train), an outside objective is
-still checked when its file is validated."""
+still checked when its file is validated, and a file's mistakes are all reported in one pass."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cglib.cli import main as cli_main
 from cglib.config import ParamsError, parse_params
 from cglib.config.objectives import OBJECTIVE_SPECS, ObjectiveSpec, trained_by
 from cglib.train.objectives import OBJECTIVES, Objective
@@ -67,3 +68,27 @@ def test_an_outside_objective_is_checked_when_its_file_is_validated(tmp_path, mo
     with pytest.raises(ParamsError) as err:
         parse_params({"train": {"runs": [{"name": "x", "loss": "my_objectivez:CentroidTriplet"}]}}, tmp_path)
     assert str(err.value).startswith("train.runs[0].loss: loss 'my_objectivez:CentroidTriplet': cannot import")
+
+
+def test_several_mistakes_in_one_pass_through_cglib_validate(tmp_path, capsys):
+    """A misspelt key in train, a rule of the train section that it would otherwise hide, a misspelt key of a run
+    entry and a bad value in eval: one `cglib validate`, exit code 2, each at its path, in the file's order."""
+    path = tmp_path / "p.yaml"
+    path.write_text("train:\n  epochz: 3\n  runs:\n    - {name: a, loss: clip, groups: ngram}\n"
+                    "    - {name: b, loss: pairwise, taux: 1}\neval:\n  choices: 1\n", encoding="utf-8")
+    assert cli_main(["validate", str(path), "--no-check-paths"]) == 2
+    lines = capsys.readouterr().err.splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["train", "train.epochz", "train.runs[1].taux",
+                                                              "eval.choices"]
+    assert "has groups: ngram" in lines[0] and "did you mean 'epoch'" in lines[1]
+    assert "did you mean 'tau'" in lines[2] and "greater than or equal to 2" in lines[3]
+
+
+def test_a_rule_on_a_key_with_a_bad_value_is_not_guessed(tmp_path):
+    """The second pass leaves a bad value at its default: a rule reading it is not reported (a guess); a key
+    inside a run entry is left out as well, so it is reported once."""
+    with pytest.raises(ParamsError) as err:
+        parse_params({"train": {"text_source": 5, "runs": [{"name": "a", "loss": "clip", "groups": "ngram",
+                                                             "taux": 1}]}}, tmp_path, check_paths=False)
+    lines = str(err.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["train.text_source", "train.runs[0].taux"]

@@ -159,9 +159,14 @@ def _without(raw: dict, locs: list[tuple]) -> dict:
     out = copy.deepcopy(raw)
     for loc in locs:
         node: Any = out
-        for part in loc[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
+        for part in loc[:-1]:  # through sections and list entries (train.runs[0].tau)
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                node = None
+        if isinstance(node, dict):  # an entry of a list itself stays: removing it would renumber the others
             node.pop(loc[-1], None)
     return out
 
@@ -172,35 +177,43 @@ def _related(key: str, removed: list[str]) -> bool:
                for r in removed)
 
 
+MAX_PASSES = 5  # each pass sets aside the keys found bad and validates again; a file needs about two
+
+
 def parse_params(raw: Any, root: Path, check_paths: bool = True) -> Params:
     """Validate an already-parsed YAML mapping; raise ParamsError with one line per problem, every problem of
     the file in one pass, in the order of the file.
 
-    Keys with a bad value are reported first-hand; the rules between sections and the input paths are then
-    checked on the file with those keys left at their defaults, and reported unless they involve such a key
-    (a rule checked against a default would be a guess)."""
+    Keys with a bad value are reported first-hand; the file is then validated again with those keys left out (at
+    their defaults), so that the checks they stopped (a section's own rules, the rules between sections, the input
+    paths) report their problems too, unless they involve such a key (a rule checked against a default would be a
+    guess). An unknown key is read by no rule: leaving it out guesses nothing."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ParamsError(f"params must be a YAML mapping of sections (run, data, ...), got {type(raw).__name__}")
     problems: list[tuple[str, str]] = []  # (key, line)
     rules: list[tuple[tuple[str, ...], str]] = []
-    removed: list[str] = []
-    try:
-        params: Params | None = Params.model_validate(raw, context={"problems": rules})
-    except ValidationError as exc:
-        errors = exc.errors()
-        problems += [(_dotted(tuple(e["loc"])), _format_error(e)) for e in errors]
-        removed = [_dotted(tuple(e["loc"])) for e in errors if e["loc"]]
+    left_out: list[tuple] = []  # the bad keys' locations, left out of the next pass
+    guessed: list[str] = []  # the keys left out whose value a rule may read (defaults stand in for them)
+    params: Params | None = None
+    for _ in range(MAX_PASSES):
         rules = []
-        try:  # the rest of the file, so that its other problems are reported now, not on the next try
-            params = Params.model_validate(_without(raw, [tuple(e["loc"]) for e in errors if e["loc"]]),
-                                           context={"problems": rules})
-        except ValidationError:
-            params = None  # a removed key was needed: the rules and paths are checked once the keys are fixed
-    problems += [(keys[0], message) for keys, message in rules if not any(_related(k, removed) for k in keys)]
+        try:
+            params = Params.model_validate(_without(raw, left_out), context={"problems": rules})
+            break
+        except ValidationError as exc:
+            new = [e for e in exc.errors() if not _related(_dotted(tuple(e["loc"])), guessed)
+                   and (_dotted(tuple(e["loc"])), _format_error(e)) not in problems]
+            problems += [(_dotted(tuple(e["loc"])), _format_error(e)) for e in new]
+            fresh = [tuple(e["loc"]) for e in new if e["loc"] and tuple(e["loc"]) not in left_out]
+            if not fresh:  # nothing more to leave out: the remaining checks wait until these keys are fixed
+                break
+            left_out += fresh
+            guessed += [_dotted(tuple(e["loc"])) for e in new if e["loc"] and e["type"] != "extra_forbidden"]
+    problems += [(keys[0], message) for keys, message in rules if not any(_related(k, guessed) for k in keys)]
     if check_paths and params is not None:
-        problems += [(key, line) for key, line in _check_paths(params, root) if not _related(key, removed)]
+        problems += [(key, line) for key, line in _check_paths(params, root) if not _related(key, guessed)]
     if problems:
         order = _file_order(raw)
         ranked = sorted(enumerate(problems), key=lambda ip: (_position(ip[1][0], order), ip[0]))
