@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cglib.run import runner_gone
+from cglib.run import runner_gone, seed_label
 
 Resume = Callable[[str], str]  # a stopped stage's notebook number -> the command that resumes the run there
 
@@ -106,8 +106,6 @@ def _training(run_dir: Path, summaries: list[Path], resume: Resume | None, attem
     attempt left with a checkpoint and no final weights (still to resume). A run finished before this attempt
     started (`attempt_started`, run.json's `started`) was reused with its weights: its account gets `reused_from`,
     the time the earlier attempt finished it, and nothing of it was trained now."""
-    from cglib.run import seed_label  # lazy: numpy, only when a run has trained
-
     runs: dict[str, dict] = {}
     caches: dict[str, dict] = {}
     for path in summaries:

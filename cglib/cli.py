@@ -82,7 +82,7 @@ STATUS_EXIT = {"ok": 0, "failed": 1, "interrupted": 4, "running": 5}
 
 def _status(args: argparse.Namespace) -> int:
     from cglib.accounts import run_status, stage_summaries, summary_lines  # lazy: keeps cglib --help light
-    from cglib.pipeline import resume_command  # lazy: papermill; keeps cglib --help light
+    from cglib.pipeline import resume_command  # lazy: numpy; keeps cglib --help light
 
     run_dir = Path(args.run_dir)
     try:
@@ -139,7 +139,7 @@ def _compare_protocols(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from cglib.report import (  # lazy: numpy, nbconvert; keeps cglib --help light
+    from cglib.report import (  # lazy: torch (through cglib.evaluate); keeps cglib --help light
         NotARunDirectory,
         build_report,
     )

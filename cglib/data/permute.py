@@ -25,6 +25,9 @@ from typing import Any
 
 import yaml
 
+from cglib.data.appearance import OBJECTS, SETTINGS
+from cglib.data.textures import COLOURS
+
 KINDS: tuple[str, ...] = ("colour", "object", "size", "location")
 KEYWORD_FILE = "keyword_relations.yaml"
 
@@ -183,9 +186,7 @@ def pairs(couples: list[list[str]] | list[tuple[str, str]]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- the worlds
 def synthetic_permuter() -> KeywordPermuter:
     """Relations of the synthetic world, read from its renderer and caption writer (cglib.data.synthetic)."""
-    from cglib.data.appearance import OBJECTS, SETTINGS  # lazy: the world's tables; validate path
-    from cglib.data.synthetic import _COLOUR_WORDS, _UNITS, _plural  # lazy: matplotlib; validate path
-    from cglib.data.textures import COLOURS  # lazy: the world's palette; validate path
+    from cglib.data.synthetic import _COLOUR_WORDS, _UNITS, _plural  # lazy: matplotlib; training imports this
 
     colours = [_COLOUR_WORDS.get(c, c) for c in sorted(COLOURS)]  # as captions write them: "navy blue"
     objects = sorted(OBJECTS)

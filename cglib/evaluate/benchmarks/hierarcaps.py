@@ -25,6 +25,7 @@ from cglib.evaluate.hierarcaps_published import (
     published_draw,
     records_from_items,
 )
+from cglib.evaluate.report import wide_table
 
 TAU_KEY = ("hierarcaps_hierarchy", "hierarcaps", "-", "kendall_tau", "all")
 
@@ -108,8 +109,6 @@ class HierarCaps(Benchmark):
         return params.eval.hierarcaps
 
     def tables(self, results) -> list[tuple[str, object]]:
-        from cglib.evaluate.report import wide_table  # lazy: report imports the benchmarks' results
-
         return [("per-level retrieval over all items, text to image R@1",
                  results.table("hierarcaps", "hierarcaps", "t2i", "R@1")),
                 (f"in-batch variant ({results.info['settings'].get('hierarcaps_batch', 'B')}-way), R@1",

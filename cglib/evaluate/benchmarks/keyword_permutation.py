@@ -20,6 +20,7 @@ from cglib.evaluate.benchmarks.base import Benchmark, EvalContext, Key, Scored, 
 from cglib.evaluate.bootstrap import Scores
 from cglib.evaluate.embeddings import Embeddings
 from cglib.evaluate.gallery import I2T, MetricScores
+from cglib.evaluate.report import labels_table
 
 BENCHMARK = "keyword_permutation"
 LEVEL = "caption"
@@ -102,8 +103,6 @@ class KeywordPermutation(Benchmark):
         return params.eval.keyword_permutation
 
     def tables(self, results) -> list[tuple[str, object]]:
-        from cglib.evaluate.report import labels_table  # lazy: report imports the benchmarks' results
-
         coverage = results.info["items"]["keyword_permutation"]["per_type"]
         counts = ", ".join(f"{kind} {c['images']} (without one: {c['without_keyword']})"
                            for kind, c in coverage.items())
