@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -112,6 +113,9 @@ def driver(tmp_path_factory):
     for arg in ("--headless=new", "--window-size=1400,1000", "--disable-dev-shm-usage", "--disable-gpu",
                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", *(["--no-sandbox"] if AS_ROOT else [])):
         options.add_argument(arg)
+    # DevTools' network events, read by _failed_requests: file:// requests do not appear in the page's own
+    # performance.getEntriesByType('resource')
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     options.page_load_strategy = "eager"  # images and MathJax are polled below, each with its own message
     browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     browser.set_script_timeout(30)
@@ -293,9 +297,68 @@ def test_status_bar_says_busy_while_a_cell_runs_after_a_widget(driver, lab):
     assert seen and set(seen) == {"Busy"}, f"status bar while a cell ran: {seen}"
 
 
-def test_report_pages_load_every_image(driver, small_run, tmp_path):
-    """`cglib report` of the small run, opened from disk: every image of the index and of each notebook page
-    has loaded (complete, with a natural width), and the index links to each page."""
+REPORT_PAGE_STATE = """
+const images = Array.from(document.images);
+const mathjax = window.MathJax && MathJax.Hub && MathJax.Hub.queue;
+return {images: images.length, pending: images.filter(i => !i.complete).length,
+        broken: images.filter(i => i.complete && i.naturalWidth === 0).map(i => i.src.slice(0, 80)),
+        math_pending: mathjax ? MathJax.Hub.queue.pending + MathJax.Hub.queue.running : 0,
+        typeset: document.querySelectorAll(".MathJax_Display, .MathJax, .MathJax_CHTML").length,
+        math_errors: (document.body.innerText.match(/\\[Math Processing Error\\]/g) || []).length,
+        raw_math: document.body.innerText.includes("$$"),
+        scroll_width: document.documentElement.scrollWidth};
+"""
+
+
+def _drain_network_log(driver) -> None:
+    """Forget the DevTools events of earlier pages (reading the log empties it)."""
+    driver.get_log("performance")
+
+
+def _failed_requests(driver) -> list[str]:
+    """Every request of the pages loaded since the last drain that failed (DevTools' Network.loadingFailed: a
+    missing file, a refused scheme), and every file:// request naming a file that is not there."""
+    urls, failed = {}, []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        params = message.get("params", {})
+        if message["method"] == "Network.requestWillBeSent":
+            urls[params["requestId"]] = params["request"]["url"]
+        elif message["method"] == "Network.loadingFailed":
+            failed.append(f"{urls.get(params['requestId'], params['requestId'])}: {params['errorText']}")
+    for url in urls.values():
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme == "file" and not Path(urllib.parse.unquote(parsed.path)).exists():
+            failed.append(f"{url}: no such file")
+    return sorted(set(failed))
+
+
+def _load_report_page(driver, page: Path) -> dict:
+    """Open a report page from disk; wait for its images to load and MathJax to finish; return its state."""
+    _drain_network_log(driver)
+    driver.get(page.as_uri())
+    return _wait(lambda: (s := driver.execute_script(REPORT_PAGE_STATE)) and not s["pending"]
+                 and not s["math_pending"] and s, 60, f"the images and equations of {page.name}")
+
+
+def _report_page_problems(driver, page: Path) -> list[str]:
+    """What a reader of a report page opened offline would meet: a "[Math Processing Error]", equations left as
+    raw `$$`, a failed request (a file the page asks for that is not in the folder) or a broken image."""
+    state = _load_report_page(driver, page)
+    problems = [f"{page.name}: {state['math_errors']} [Math Processing Error]"] if state["math_errors"] else []
+    problems += [f"{page.name}: raw $$ left"] if state["raw_math"] else []
+    problems += [f"{page.name}: failed request {r}" for r in _failed_requests(driver)]
+    problems += [f"{page.name}: broken image {src}" for src in state["broken"]]
+    return problems
+
+
+REPORT_WIDTH = 1300  # the report is read at this window width without sideways scrolling
+
+
+def test_report_pages_load_offline_without_errors(driver, small_run, tmp_path):
+    """`cglib report` of the small run, opened from disk at a 1,300 px window: on every page every image has
+    loaded, MathJax typeset without a "[Math Processing Error]", no request failed, and no page scrolls
+    sideways; the index links to each page."""
     from selenium.webdriver.common.by import By
 
     from cglib.cli import main as cli_main
@@ -304,16 +367,46 @@ def test_report_pages_load_every_image(driver, small_run, tmp_path):
     assert cli_main(["report", str(small_run), "--out", str(folder)]) == 0
     pages = sorted(folder.glob("*.html"))
     assert len(pages) >= 4
-    for page in pages:
-        driver.get(page.as_uri())
-        state = _wait(lambda: (s := driver.execute_script(IMAGES_LOADED)) and not s["pending"] and s, 30,
-                      f"the images of {page.name} to load")
-        assert state["broken"] == [], (page.name, state)
-        if page.name in ("index.html", "03_magic_dag.html"):  # the run's figures; the explorer's static view
-            assert state["total"] > 0, page.name
-        if page.name == "index.html":
-            linked = {a.get_attribute("href") for a in driver.find_elements(By.TAG_NAME, "a")}
-            assert {p.as_uri() for p in pages if p.name != "index.html"} <= linked
+    driver.set_window_size(REPORT_WIDTH, 1000)
+    try:
+        problems = []
+        for page in pages:
+            problems += _report_page_problems(driver, page)
+            state = driver.execute_script(REPORT_PAGE_STATE)
+            if page.name in ("index.html", "03_magic_dag.html"):  # the run's figures; the explorer's static view
+                assert state["images"] > 0, page.name
+            if page.name == "index.html":
+                assert state["scroll_width"] <= REPORT_WIDTH, state["scroll_width"]
+                linked = {a.get_attribute("href") for a in driver.find_elements(By.TAG_NAME, "a")}
+                assert {p.as_uri() for p in pages if p.name != "index.html"} <= linked
+    finally:
+        driver.set_window_size(1400, 1000)
+    assert problems == []
+
+
+def test_report_math_typesets_offline_from_the_folder(driver, tmp_path):
+    """Notebook 04's page (Eqs. 1-8), opened from disk: MathJax (bundled in the report folder) typesets every
+    equation with no "[Math Processing Error]" and no raw `$$` left, and every file it asked for was there."""
+    from test_report import math_run
+
+    from cglib.report import build_report
+
+    report = build_report(math_run(tmp_path / "run"), tmp_path / "report")
+    assert _report_page_problems(driver, report.pages[0]) == []
+    assert driver.execute_script(REPORT_PAGE_STATE)["typeset"] >= 8
+
+
+def test_the_report_check_sees_a_missing_file(driver, tmp_path):
+    """The check above can fail: a report page whose MathJax font data was deleted shows the failed request."""
+    from test_report import math_run
+
+    from cglib.report import build_report
+
+    report = build_report(math_run(tmp_path / "run"), tmp_path / "report")
+    fontdata = tmp_path / "report" / "mathjax" / "jax" / "output" / "HTML-CSS" / "fonts" / "STIX-Web" / "fontdata.js"
+    fontdata.unlink()
+    problems = _report_page_problems(driver, report.pages[0])
+    assert any("fontdata.js" in p and "failed request" in p for p in problems), problems
 
 
 WIDGET_ERRORS = """
@@ -377,23 +470,3 @@ def test_a_saved_live_notebook_reopens_without_widget_errors(driver, lab):
     assert "Error displaying widget: model not found" in broken["errors"]
 
 
-MATH_STATE = """
-const typeset = document.querySelectorAll(".MathJax_Display, .MathJax, .MathJax_CHTML").length;
-const requests = performance.getEntriesByType("resource").map(e => e.name);
-return {typeset: typeset, queued: window.MathJax && MathJax.Hub ? MathJax.Hub.queue.pending : -1,
-        raw: document.body.innerText.includes("$$"), outside: requests.filter(u => !u.startsWith("file:"))};
-"""
-
-
-def test_report_math_typesets_offline_from_the_folder(driver, tmp_path):
-    """Notebook 04's page, opened from disk: MathJax (bundled in the report folder) typesets its equations, no raw
-    `$$` is left, and the page requested nothing outside the folder."""
-    from test_report import math_run
-
-    from cglib.report import build_report
-
-    report = build_report(math_run(tmp_path / "run"), tmp_path / "report")
-    driver.get(report.pages[0].as_uri())
-    state = _wait(lambda: (s := driver.execute_script(MATH_STATE)) and s["typeset"] > 0 and s["queued"] == 0
-                  and not s["raw"] and s, 60, "MathJax to typeset notebook 04's equations")
-    assert state["typeset"] >= 8 and state["outside"] == [], state
