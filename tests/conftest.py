@@ -22,6 +22,14 @@ SMALL_DEMO = {"data": {"synthetic": {"images_per_concept": 8}},
 SHARED_DATA = Path(os.environ.get("CGLIB_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
+def hierarcaps_data(folder: Path) -> dict:
+    """params/hierarcaps.yaml's data paths pointed at another copy of its data (`cglib download hierarcaps-1k`'s
+    layout), as overrides for load_params or deep_merge: how tests read the shared copy."""
+    return {"data": {"coco_captions": str(folder / "coco_captions_hc1k.json"), "coco_images": str(folder / "test_imgs"),
+                     "hierarcaps_csv": str(folder / "hierarcaps_test.csv"),
+                     "hierarcaps_images": str(folder / "test_imgs")}}
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import hashlib
 import io
+import json
 import random
 import socket
 import threading
@@ -16,8 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import REPO_ROOT, hierarcaps_data
 from PIL import Image
 
+from cglib.config import load_params
 from cglib.data import download as dl
 from cglib.data.download import (
     NAMED_DOWNLOADS,
@@ -277,12 +280,13 @@ def test_hierarcaps_images_from_csv(server: tuple[str, ServerState], tmp_path: P
         download_hierarcaps_images(csv_path, tmp_path / "imgs", progress=False, retries=0)
 
 
-UNCHECKED_DOWNLOADS = {"hierarcaps-train"}  # no published checksum (see HIERARCAPS_TRAIN in download.py)
+# no published checksum (see HIERARCAPS_TRAIN and COCO_ANNOTATIONS_2014 in download.py)
+UNCHECKED_FILES = {dl.HIERARCAPS_TRAIN.file_name, dl.COCO_ANNOTATIONS_2014.file_name}
 
 
 def test_registry_is_well_formed() -> None:
     """Every named download has https/http URLs on the expected hosts, a checksum (but the listed) and outputs."""
-    assert {"coco-annotations", "coco-images", "hierarcaps", "hierarcaps-train"} <= set(NAMED_DOWNLOADS)
+    assert {"coco-annotations", "coco-images", "hierarcaps", "hierarcaps-1k", "hierarcaps-train"} <= set(NAMED_DOWNLOADS)
     for name, entry in NAMED_DOWNLOADS.items():
         assert entry.files and entry.outputs and entry.description, name
         for remote in entry.files:
@@ -290,7 +294,7 @@ def test_registry_is_well_formed() -> None:
                      "https://huggingface.co/datasets/tau-vailab/HierarCaps/")
             assert remote.url.startswith(hosts)
             assert remote.url.endswith(remote.file_name)
-            if name not in UNCHECKED_DOWNLOADS:
+            if remote.file_name not in UNCHECKED_FILES:
                 assert len(remote.md5 or "") == 32 or len(remote.sha256 or "") == 64, name
 
 
@@ -322,3 +326,83 @@ def test_hierarcaps_checksum_matches_the_published_csv(shared_data: Path) -> Non
     csv_path = shared_data / "hierarcaps" / "hierarcaps_test.csv"
     assert file_digest(csv_path, "sha256") == dl.HIERARCAPS_CSV.sha256
     assert csv_path.stat().st_size == dl.HIERARCAPS_CSV.size_bytes
+
+
+def _hierarcaps_1k_server(base: str, state: ServerState, names: list[str]) -> bytes:
+    """Serve a 3-row HierarCaps CSV (its image URLs on the local server), the 3 images and a COCO 2014
+    annotations zip whose captions_val2014.json also holds an image outside the CSV; return the zip."""
+    for i, name in enumerate(names):
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), (0, i * 60, 0)).save(buffer, format="JPEG")
+        state.files[name] = buffer.getvalue()
+    rows = "".join(f'{i},"a => b => c => photo {i}",{base}/range/{name}\n' for i, name in enumerate(names))
+    state.files["hierarcaps_test.csv"] = ("id,captions,image_url\n" + rows).encode("utf-8")
+    ids = [int(name[-10:-4]) for name in names] + [999]
+    annotations = [{"id": 100 + k, "image_id": image_id, "caption": f" caption {k} of {image_id}. "}
+                   for k, image_id in enumerate(ids + ids[:2])]  # two captions for the first two images
+    captions = {"images": [{"id": i, "file_name": f"COCO_val2014_{i:012d}.jpg"} for i in ids],
+                "annotations": annotations}
+    state.files["annotations_trainval2014.zip"] = make_zip({
+        "annotations/captions_val2014.json": json.dumps(captions).encode("utf-8"),
+        "annotations/instances_val2014.json": b"{}"})
+    return state.files["annotations_trainval2014.zip"]
+
+
+def test_hierarcaps_1k_fetches_the_profiles_layout(server: tuple[str, ServerState], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hierarcaps-1k` against a local server writes what params/hierarcaps.yaml reads: the CSV, test_imgs/ with
+    every image it names, and coco_captions_hc1k.json with COCO's captions of those images only. A second run
+    requests nothing (files present and verified); a deleted image is fetched again alone; a half-downloaded
+    annotations zip is resumed from its .part file."""
+    base, state = server
+    names = [f"COCO_val2014_{i:012d}.jpg" for i in (139, 776, 785)]
+    _hierarcaps_1k_server(base, state, names)
+    real = NAMED_DOWNLOADS["hierarcaps-1k"]
+    csv_file = dataclasses.replace(dl.HIERARCAPS_CSV, url=f"{base}/range/hierarcaps_test.csv",
+                                   sha256=hashlib.sha256(state.files["hierarcaps_test.csv"]).hexdigest())
+    zip_file = dataclasses.replace(dl.COCO_ANNOTATIONS_2014, url=f"{base}/range/annotations_trainval2014.zip")
+    monkeypatch.setitem(NAMED_DOWNLOADS, "hierarcaps-1k", dataclasses.replace(real, files=(csv_file, zip_file)))
+    dest = tmp_path / "data" / "hierarcaps"
+    zip_bytes = state.files["annotations_trainval2014.zip"]
+    dest.mkdir(parents=True)
+    half = len(zip_bytes) // 2
+    (dest / "annotations_trainval2014.zip.part").write_bytes(zip_bytes[:half])  # an interrupted earlier run
+
+    outputs = download_named("hierarcaps-1k", dest, progress=False)
+    assert outputs == [dest / "hierarcaps_test.csv", dest / "test_imgs", dest / "coco_captions_hc1k.json"]
+    assert ("/range/annotations_trainval2014.zip", f"bytes={half}-") in state.requests
+    assert (dest / "annotations_trainval2014.zip").read_bytes() == zip_bytes
+    assert sorted(p.name for p in (dest / "test_imgs").iterdir()) == names
+    assert all((dest / "test_imgs" / n).read_bytes() == state.files[n] for n in names)
+    captions = json.loads((dest / "coco_captions_hc1k.json").read_text(encoding="utf-8"))
+    assert captions["images"] == [{"id": i, "file_name": n} for i, n in zip((139, 776, 785), names)]
+    assert [(a["id"], a["image_id"], a["caption"]) for a in captions["annotations"]] == [
+        (100, 139, "caption 0 of 139."), (104, 139, "caption 4 of 139."), (101, 776, "caption 1 of 776."),
+        (105, 776, "caption 5 of 776."), (102, 785, "caption 2 of 785.")]
+
+    state.requests.clear()
+    assert download_named("hierarcaps-1k", dest, progress=False) == outputs
+    assert state.requests == []
+    (dest / "test_imgs" / names[1]).unlink()
+    download_named("hierarcaps-1k", dest, progress=False)
+    assert [path for path, _ in state.requests] == [f"/range/{names[1]}"]
+
+    # the profile reads this layout: its data paths, pointed at this folder, all exist
+    params = load_params(REPO_ROOT / "params" / "hierarcaps.yaml", overrides=hierarcaps_data(dest))
+    assert params.data.coco_images == dest / "test_imgs"
+
+
+def test_hierarcaps_1k_captions_must_cover_every_image(tmp_path: Path) -> None:
+    """An annotations zip without captions for an image of the CSV (the wrong year's zip, say) is an error that
+    names the image and the fix; a zip without captions_val2014.json says to download it again."""
+    csv_path = tmp_path / "hc.csv"
+    csv_path.write_text("id,captions,image_url\n0,a => b => c => d,http://x/val2014/COCO_val2014_000000000139.jpg\n",
+                        encoding="utf-8")
+    (tmp_path / "other.zip").write_bytes(make_zip({"annotations/captions_val2014.json": json.dumps(
+        {"images": [], "annotations": [{"id": 1, "image_id": 5, "caption": "x"}]}).encode("utf-8")}))
+    with pytest.raises(ValueError, match="no caption for 1 of the 1 images .*COCO_val2014_000000000139.jpg.*2014"):
+        dl.hierarcaps_captions(csv_path, tmp_path / "other.zip", tmp_path / "out.json")
+    (tmp_path / "empty.zip").write_bytes(make_zip({"annotations/instances_val2014.json": b"{}"}))
+    with pytest.raises(ValueError, match="cannot read annotations/captions_val2014.json .*download it again"):
+        dl.hierarcaps_captions(csv_path, tmp_path / "empty.zip", tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tomllib
 import yaml
+from conftest import hierarcaps_data
 
 from cglib.cli import main as cli_main
 from cglib.config import Params, ParamsError, load_params, parse_params, schema_table
@@ -32,17 +33,17 @@ def test_shipped_profiles_validate():
     """demo validates with its paths checked; paper and hierarcaps validate once paths are not required."""
     assert load_params(REPO / "params/demo.yaml").run.profile == "demo"
     hierarcaps = load_params(REPO / "params/hierarcaps.yaml", check_paths=False)
-    assert hierarcaps.data.coco_captions == REPO / "../shared/data/hierarcaps/coco_captions_hc1k.json"
+    assert hierarcaps.data.coco_captions == REPO / "data/hierarcaps/coco_captions_hc1k.json"
     paper = load_params(REPO / "params/paper.yaml", check_paths=False)
     assert (paper.model.name, paper.model.pretrained, paper.train.groups_per_batch, paper.train.pairs_per_group,
             paper.train.lr, paper.train.tau, paper.train.alpha) == ("ViT-B-32", "openai", 2, 10, 1e-8, 0.1, 0.7)
 
 
-def test_hierarcaps_profile_finds_the_shared_data():
-    """hierarcaps.yaml points at ../shared/data beside the repository; with it there, every path exists."""
-    if not (REPO.parent / "shared" / "data" / "hierarcaps").is_dir():
-        pytest.skip(f"no shared data beside the repository at {REPO.parent / 'shared' / 'data'}")
-    assert load_params(REPO / "params/hierarcaps.yaml").eval.hierarcaps
+def test_hierarcaps_profile_finds_the_shared_data(shared_data):
+    """hierarcaps.yaml reads data/hierarcaps (what `cglib download hierarcaps-1k` writes); with its four data
+    paths pointed at the shared copy, every path exists."""
+    params = load_params(REPO / "params/hierarcaps.yaml", overrides=hierarcaps_data(shared_data / "hierarcaps"))
+    assert params.eval.hierarcaps and params.data.hierarcaps_csv == shared_data / "hierarcaps/hierarcaps_test.csv"
 
 
 def test_paper_profile_needs_its_data_unless_told():

@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from conftest import hierarcaps_data
 
 from cglib.cli import main as cli_main
 from cglib.config import deep_merge
@@ -246,11 +247,8 @@ def test_notebook_03_runs_headless_on_real_photos_repeatedly(shared_data, tmp_pa
     the run summary, and `--strict` turns them into exit code 3."""
     hc = shared_data / "hierarcaps"
     params = yaml.safe_load((REPO / "params/hierarcaps.yaml").read_text())
-    params = deep_merge(params, {
-        "run": {"name": "hc-headless", "cell_silence_s": 120, "cell_timeout_s": 900},
-        "data": {"coco_captions": str(hc / "coco_captions_hc1k.json"), "coco_images": str(hc / "test_imgs"),
-                 "hierarcaps_csv": str(hc / "hierarcaps_test.csv"), "hierarcaps_images": str(hc / "test_imgs"),
-                 "max_images": 150}})
+    params = deep_merge(deep_merge(params, hierarcaps_data(hc)), {
+        "run": {"name": "hc-headless", "cell_silence_s": 120, "cell_timeout_s": 900}, "data": {"max_images": 150}})
     path = _write_params(tmp_path / "params" / "hc.yaml", params)
     out = tmp_path / "run"
     seconds = []

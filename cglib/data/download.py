@@ -9,6 +9,7 @@ under its final name is always complete. `download_named(name, dest)` fetches on
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -203,6 +204,50 @@ def download_hierarcaps_images(csv_path: str | Path, dest_dir: str | Path, worke
     return dest_dir
 
 
+COCO_VAL2014_CAPTIONS_MEMBER = "annotations/captions_val2014.json"
+
+
+def hierarcaps_captions(csv_path: str | Path, annotations_zip: str | Path, out_json: str | Path) -> Path:
+    """Write the COCO captions of the images a HierarCaps CSV names (COCO captions format: `images` with `id` and
+    `file_name`, `annotations` with COCO's `id`, `image_id` and `caption`), read from `captions_val2014.json`
+    inside COCO's 2014 annotations zip without extracting the rest. Raises when an image has no caption."""
+    from cglib.data.hierarcaps import read_csv_rows  # lazy: numpy, PIL; cglib --help imports this module
+
+    names = sorted({row["image_url"].strip().rsplit("/", 1)[-1] for row in read_csv_rows(Path(csv_path))
+                    if row["image_url"].strip()})
+    # COCO_val2014_000000301718.jpg -> 301718, the image id of COCO's annotations
+    ids = {int(Path(name).stem.rsplit("_", 1)[-1]): name for name in names}
+    try:
+        with zipfile.ZipFile(annotations_zip) as zf, zf.open(COCO_VAL2014_CAPTIONS_MEMBER) as f:
+            coco = json.load(f)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise ValueError(f"{annotations_zip}: cannot read {COCO_VAL2014_CAPTIONS_MEMBER} ({exc}); delete the "
+                         "file and download it again") from None
+    annotations = sorted((a for a in coco["annotations"] if a["image_id"] in ids),
+                         key=lambda a: (a["image_id"], a["id"]))
+    uncaptioned = sorted(set(ids) - {a["image_id"] for a in annotations})
+    if uncaptioned:
+        raise ValueError(f"{annotations_zip}: no caption for {len(uncaptioned)} of the {len(ids)} images of "
+                         f"{csv_path} (first: {ids[uncaptioned[0]]}); is it COCO's 2014 annotations zip?")
+    out_json = Path(out_json)
+    captions = {"info": {"description": f"COCO val2014 captions of the images of {Path(csv_path).name}"},
+                "images": [{"id": i, "file_name": ids[i]} for i in sorted(ids)],
+                "annotations": [{"id": a["id"], "image_id": a["image_id"], "caption": a["caption"].strip()}
+                                for a in annotations]}
+    part = out_json.with_name(out_json.name + ".part")
+    part.write_text(json.dumps(captions), encoding="utf-8")
+    os.replace(part, out_json)  # atomic, as every download: the final name is always a complete file
+    logger.info("%s: %d captions of %d images", out_json, len(annotations), len(ids))
+    return out_json
+
+
+def _hierarcaps_1k(dest: Path, progress: bool) -> None:
+    """The last step of `cglib download hierarcaps-1k`: the CSV's images, then their COCO captions."""
+    download_hierarcaps_images(dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress)
+    hierarcaps_captions(dest / "hierarcaps_test.csv", dest / COCO_ANNOTATIONS_2014.file_name,
+                        dest / "coco_captions_hc1k.json")
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     """A file to fetch: its URL, its name in the destination folder, checksums, and whether to unzip it."""
@@ -234,6 +279,11 @@ COCO_TRAIN_IMAGES = RemoteFile(
 COCO_VAL_IMAGES = RemoteFile(
     "http://images.cocodataset.org/zips/val2017.zip", "val2017.zip",
     md5="442b8da7639aecaf257c1dceb8ba8c80", size_bytes=815_585_330, extract=True)
+# HierarCaps' test images are COCO val2014 photos, so their captions are in COCO's 2014 annotations. COCO publishes
+# no checksum and none has been recorded here yet: the zip is checked by reading captions_val2014.json from it.
+COCO_ANNOTATIONS_2014 = RemoteFile(
+    "http://images.cocodataset.org/annotations/annotations_trainval2014.zip", "annotations_trainval2014.zip",
+    size_bytes=252_000_000)  # about: for the free-space warning only
 # Pinned to a commit of the authors' repository (github.com/TAU-VAILab/hierarcaps, formerly
 # morrisalp/hierarcaps); the sha256 is that of the 1,000-row test CSV published there.
 HIERARCAPS_COMMIT = "8a28b2e5124b68827bb1486c6d307fa22f0015e2"
@@ -264,6 +314,11 @@ NAMED_DOWNLOADS: dict[str, NamedDownload] = {
         (HIERARCAPS_CSV,), ("hierarcaps_test.csv", "test_imgs"),
         then=lambda dest, progress: download_hierarcaps_images(
             dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress)),
+    "hierarcaps-1k": NamedDownload(
+        "the hierarcaps profile's data: the HierarCaps 1K test CSV, its 1,000 COCO val2014 images (about 160 "
+        "MiB) and their COCO captions (from COCO's 2014 annotations zip, 241 MiB, kept for resuming)",
+        (HIERARCAPS_CSV, COCO_ANNOTATIONS_2014), ("hierarcaps_test.csv", "test_imgs", "coco_captions_hc1k.json"),
+        then=_hierarcaps_1k),
     "hierarcaps-train": NamedDownload(
         "HierarCaps train hierarchies for the RE baseline (gzip CSV from the authors' Hugging Face dataset, "
         "no checksum)", (HIERARCAPS_TRAIN,), ("hierarcaps_train.csv.gz",)),

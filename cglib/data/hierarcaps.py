@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 LEVEL_SEPARATOR = " => "
 N_LEVELS = 4
 REQUIRED_COLUMNS = ("captions", "image_url")
-CSV_FIX = "give the HierarCaps test CSV (`cglib download hierarcaps --dest DIR` fetches it)"
+CSV_FIX = ("give the HierarCaps test CSV (`cglib download hierarcaps --dest DIR` fetches it; `cglib download "
+           "hierarcaps-1k --dest data/hierarcaps` fetches it with its images and captions)")
 
 
 @dataclass(frozen=True)
