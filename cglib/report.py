@@ -1,6 +1,8 @@
 """A run as a static HTML report (`cglib report RUN_DIR`): an index with Table 3, Table 1 and Fig. 4 up front,
 then one page per executed notebook (nbconvert), for readers who do not run Jupyter.
 
+Pages name no folder of the machine that ran the notebooks: paths inside the run folder are written relative to
+it (papermill's injected parameters too, where the params file outside the run is named by its file name).
 Pages are self-contained: figures in notebook outputs (and the explorers' static renderings) are inline data
 URIs; the index's figures are copied beside it (`figures/`) and linked relatively, so the report folder can be
 zipped and shared, and read offline: MathJax 2.7 comes from the jupyter-server-mathjax package (PyPI), copied
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,15 +35,18 @@ INDEX = "index.html"
 FIG4_STEM = "06_fig4_accuracy_by_level"  # cglib.viz.figures.STEMS["accuracy"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+INJECTED_PARAMETERS = "injected-parameters"  # the tag papermill gives the cell of parameters it inserts
+INJECTED_NOTE = "# Parameters given by `cglib run` (paths relative to the run folder; the params file by its name)"
+TEXT_OUTPUTS = ("text/plain", "text/html", "text/markdown", "text/latex")
 PAGE_TEMPLATE = Path(__file__).parent / "templates" / "report_page.html.j2"  # lab, less its CDN scripts
 MATHJAX_DIR = "mathjax"
 # nbconvert's own CDN default is 2.7.7 with TeX-AMS_CHTML-full; the packaged 2.7 tree ships this combined config
 MATHJAX_URL = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
 STYLE = """
-body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+body { font-family: system-ui, sans-serif; max-width: 1240px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.8em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 img.figure { max-width: 100%; border: 1px solid #eee; }
 .missing { color: #a33; }
@@ -89,7 +96,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
         if path is None:
             continue
         try:
-            bodies[name] = notebook_html(path)
+            bodies[name] = notebook_html(path, run_dir=run_dir)
         except Exception as exc:  # noqa: BLE001 - one unreadable notebook must not cost the others their pages
             report.failed[name] = f"{type(exc).__name__}: {exc}"
     for name, body in bodies.items():  # navigation between the pages that exist
@@ -100,7 +107,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
                 _fig4_section(run_dir, report), _notebooks_section(entries, report),
                 _figures_section(run_dir, report), _missing_section(report)]
     title = f"Run {_run_name(run_dir)}"
-    report.index.write_text(_page(title, _run_header(run_dir, manifest) + "".join(sections)), encoding="utf-8")
+    index = _page(title, _run_header(run_dir, manifest) + "".join(sections))
+    report.index.write_text(relative_to_run(index, run_dir), encoding="utf-8")
     return report
 
 
@@ -115,15 +123,35 @@ def nav_links(name: str, names: list[str]) -> list[tuple[str, str]]:
     links = [("index", INDEX)]
     at = names.index(name)
     if at > 0:
-        links.append((f"previous: {names[at - 1]}", page_name(names[at - 1])))
+        links.append((f"previous: {page_name(names[at - 1])}", page_name(names[at - 1])))
     if at + 1 < len(names):
-        links.append((f"next: {names[at + 1]}", page_name(names[at + 1])))
+        links.append((f"next: {page_name(names[at + 1])}", page_name(names[at + 1])))
     return links
 
 
-def clean_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop widget state and widget views (a report has no kernel); outputs keep their static renderings."""
+def relative_to_run(text: str, run_dir: Path) -> str:
+    """`text` with the run folder's absolute path written relative to the run: `<run>/magic/magic.json` ->
+    `magic/magic.json`, `<run>` alone -> `.` (a report is read on other machines than the one that ran it)."""
+    for absolute in sorted({str(run_dir.resolve()), str(run_dir.absolute())}, key=len, reverse=True):
+        text = text.replace(absolute + os.sep, "").replace(absolute, ".")
+    return text
+
+
+def injected_parameters(source: str, run_dir: Path) -> str:
+    """Papermill's parameters cell as a report shows it: paths inside the run relative to it, any other absolute
+    path (the params file a run was started with) by its file name, and a first line that says so."""
+    source = relative_to_run(source, run_dir)
+    source = re.sub(r"""(["'])(/[^"'\n]*)\1""", lambda m: f"{m[1]}{Path(m[2]).name}{m[1]}", source)
+    lines = [line for line in source.splitlines() if line.strip() != "# Parameters"]
+    return "\n".join([INJECTED_NOTE, *lines])
+
+
+def clean_notebook(nb: nbformat.NotebookNode, run_dir: Path | None = None) -> nbformat.NotebookNode:
+    """Drop widget state and widget views (a report has no kernel); outputs keep their static renderings. With
+    `run_dir`, sources and text outputs write the run folder's paths relative to it (`relative_to_run`)."""
     nb.metadata.pop("widgets", None)
+    if run_dir is not None:
+        _paths_relative_to_run(nb, run_dir)
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             data = output.get("data")
@@ -132,6 +160,23 @@ def clean_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 if not data:  # a widget with no static rendering: say so rather than show nothing
                     data["text/plain"] = "(interactive widget: open the notebook in Jupyter)"
     return nb
+
+
+def _paths_relative_to_run(nb: nbformat.NotebookNode, run_dir: Path) -> None:
+    for cell in nb.cells:
+        if INJECTED_PARAMETERS in cell.metadata.get("tags", []):
+            cell.source = injected_parameters(cell.source, run_dir)
+        else:
+            cell.source = relative_to_run(cell.source, run_dir)
+        for output in cell.get("outputs", []):
+            if "text" in output:  # a stream
+                output["text"] = relative_to_run(output["text"], run_dir)
+            for mime in TEXT_OUTPUTS:
+                if isinstance(output.get("data", {}).get(mime), str):
+                    output["data"][mime] = relative_to_run(output["data"][mime], run_dir)
+            if output.get("output_type") == "error":
+                output["evalue"] = relative_to_run(output["evalue"], run_dir)
+                output["traceback"] = [relative_to_run(line, run_dir) for line in output["traceback"]]
 
 
 def bundle_mathjax(out_dir: Path) -> Path:
@@ -148,12 +193,13 @@ def bundle_mathjax(out_dir: Path) -> Path:
     return target
 
 
-def notebook_html(path: Path, mathjax_url: str = MATHJAX_URL) -> str:
+def notebook_html(path: Path, mathjax_url: str = MATHJAX_URL, run_dir: Path | None = None) -> str:
     """One executed notebook as a standalone HTML page (nbconvert's lab template, images inline); math typeset by
-    the MathJax at `mathjax_url` (relative: the copy `bundle_mathjax` puts beside the pages)."""
+    the MathJax at `mathjax_url` (relative: the copy `bundle_mathjax` puts beside the pages); paths of `run_dir`
+    written relative to it."""
     from nbconvert import HTMLExporter
 
-    nb = clean_notebook(nbformat.read(path, as_version=4))
+    nb = clean_notebook(nbformat.read(path, as_version=4), run_dir)
     exporter = HTMLExporter(template_name="lab", template_file=str(PAGE_TEMPLATE), embed_images=True,
                             mathjax_url=mathjax_url)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(path.parent),
@@ -269,12 +315,14 @@ def _notebooks_section(entries: list[tuple[str, Path | None, str]], report: Repo
         if name in report.failed:
             cell, line = html.escape(name), f"page not written: {report.failed[name]}"
         elif path is not None:
-            cell = f'<a href="{page_name(name)}">{html.escape(name)}</a>' + _explorer_note(path)
+            cell = (f'<a href="{page_name(name)}">{page_name(name)}</a> (from {html.escape(name)})'
+                    + _explorer_note(path))
         else:
             cell = html.escape(name)
             report.missing[name] = line
         rows.append(f"<tr><td>{cell}</td><td>{html.escape(line)}</td></tr>")
-    return ("<h2>Notebooks</h2><table><tr><th>notebook</th><th>status</th></tr>" + "".join(rows) + "</table>")
+    return ("<h2>Notebooks</h2><table><tr><th>page (executed notebook)</th><th>status</th></tr>" + "".join(rows)
+            + "</table>")
 
 
 def _explorer_note(path: Path) -> str:
@@ -294,7 +342,9 @@ def _missing_section(report: Report) -> str:
 def _run_header(run_dir: Path, manifest: dict) -> str:
     facts = {"status": manifest.get("status"), "started": manifest.get("started"),
              "finished": manifest.get("finished"), "git commit": manifest.get("git_commit"),
-             "params": manifest.get("params_file"), "run directory": str(run_dir.resolve())}
+             # the file names only: the folders are those of the machine that ran it
+             "params": Path(manifest["params_file"]).name if manifest.get("params_file") else None,
+             "run folder": run_dir.resolve().name}
     rows = "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items() if v)
     return f"<table>{rows}</table>"
 

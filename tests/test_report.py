@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from cglib.cli import main as cli_main
-from cglib.report import clean_notebook, nav_links
+from cglib.report import INJECTED_NOTE, clean_notebook, nav_links
 
 IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 
@@ -119,6 +119,23 @@ def test_report_of_a_run_that_stopped_after_notebook_03(partial_report):
     assert sum(src.startswith("data:image/png") for src in page_refs(page03).images) >= 3
     assert page_refs(page03).links[:2] == ["index.html", "02_abstraction.html"]  # the navigation bar, first
     assert "require.js" not in page03.read_text(encoding="utf-8")
+    assert '<a href="03_magic_dag.html">03_magic_dag.html</a>' in index  # a link says what it opens
+
+
+@pytest.mark.slow
+def test_report_pages_name_no_folder_of_the_machine(partial_report, small_run):
+    """No page holds the run folder's absolute path or that of the params file the run started from: papermill's
+    parameters cell shows them relative to the run (the params file by its name), and so do printed paths."""
+    folder, _ = partial_report
+    params_file = json.loads((small_run / "run.json").read_text(encoding="utf-8"))["params_file"]
+    assert str(small_run.resolve()) in (small_run / "notebooks" / "01_captions.ipynb").read_text(encoding="utf-8")
+    for page in sorted(folder.glob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        assert str(small_run.resolve()) not in text and params_file not in text, page.name
+    parameters = next(c for c in clean_notebook(nbformat.read(small_run / "notebooks" / "01_captions.ipynb", 4),
+                                                small_run).cells if "injected-parameters" in c.metadata.tags)
+    assert parameters.source.splitlines() == [INJECTED_NOTE, f'params_path = "{Path(params_file).name}"',
+                                              'run_dir = "."']
 
 
 @pytest.mark.slow
@@ -225,5 +242,28 @@ def _sources(page: Path) -> list[str]:
 
 def test_nav_links_index_previous_next():
     names = ["01_a.ipynb", "03_b.ipynb", "07_c.ipynb"]
-    assert nav_links("01_a.ipynb", names) == [("index", "index.html"), ("next: 03_b.ipynb", "03_b.html")]
+    assert nav_links("01_a.ipynb", names) == [("index", "index.html"), ("next: 03_b.html", "03_b.html")]
     assert [href for _, href in nav_links("03_b.ipynb", names)] == ["index.html", "01_a.html", "07_c.html"]
+
+
+def test_clean_notebook_writes_the_run_folder_relative_to_it(tmp_path):
+    """Sources, streams, rich text and tracebacks write the run folder's paths relative to it; the injected
+    parameters name the params file outside the run by its file name; other paths are left as they are."""
+    run = tmp_path / "outputs" / "demo"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(f'# Parameters\nparams_path = "{tmp_path}/params/demo.yaml"\nrun_dir = "{run}"\n',
+                                  metadata={"tags": ["injected-parameters"]}),
+        nbformat.v4.new_code_cell(f"load('{run}/magic/magic.json')", outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text=f"run: {run}   wrote {run}/magic/stats.json\n"),
+            nbformat.v4.new_output("display_data", data={"text/plain": f"{run}/figures/a.png",
+                                                         "text/html": f"<code>{run}/figures/a.png</code>"}),
+            nbformat.v4.new_output("error", ename="OSError", evalue=f"{run}/x missing",
+                                   traceback=[f"File /usr/lib/python3/x.py, reading {run}/x"])])]
+    source, code = clean_notebook(nb, run).cells
+    assert source.source.splitlines() == [INJECTED_NOTE, 'params_path = "demo.yaml"', 'run_dir = "."']
+    assert code.source == "load('magic/magic.json')"
+    stream, display, error = code.outputs
+    assert stream["text"] == "run: .   wrote magic/stats.json\n"
+    assert display["data"] == {"text/plain": "figures/a.png", "text/html": "<code>figures/a.png</code>"}
+    assert error["evalue"] == "x missing" and error["traceback"] == ["File /usr/lib/python3/x.py, reading x"]
