@@ -20,14 +20,21 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cglib.llm.base import Job, Outcome, Report, estimate_tokens
 from cglib.llm.replies import ReplyError, check_message, message_of
 from cglib.run import write_json
 
-if TYPE_CHECKING:
-    from cglib.llm.openai_backend import OpenAIBackend
+
+class BatchBackend(Protocol):
+    """What a batch job uses of its backend (`cglib.llm.openai_backend.OpenAIBackend`, which imports this module:
+    a Protocol instead of that import keeps the two free of a cycle)."""
+
+    client: Any
+    llm: Any
+    budget: Any
+
 
 ENDPOINT = "/v1/chat/completions"
 FINISHED = ("completed", "failed", "expired", "cancelled")
@@ -54,7 +61,7 @@ class _Item:
 class BatchRunner:
     """Runs jobs through the Batch API, round after round, reporting each outcome when its batch is collected."""
 
-    def __init__(self, backend: OpenAIBackend, work_dir: Path | None) -> None:
+    def __init__(self, backend: BatchBackend, work_dir: Path | None) -> None:
         if work_dir is None:
             raise ValueError("the Batch API needs a work directory for its request files")
         self.backend = backend

@@ -8,16 +8,30 @@ subclasses `ObjectiveSpec`, so it is its own declaration.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 from cglib.config.base import Section
 from cglib.config.protocol import protocol_options
 
-if TYPE_CHECKING:
-    from pathlib import Path
 
-    from cglib.config.params import Params
-    from cglib.config.training import TrainRunParams
+class RunEntry(Protocol):
+    """What a declaration reads of a run entry (`cglib.config.training.TrainRunParams`, which imports this module:
+    a Protocol keeps the params layer free of a cycle)."""
+
+    name: str
+    groups: str
+    pretrain: Any
+    options: Any
+
+
+class RunParams(Protocol):
+    """What a declaration reads of a params file (`cglib.config.params.Params`), for the same reason."""
+
+    run: Any
+    data: Any
+    train: Any
+
 
 FAMILIES = ("clip", "group", "text")  # what Table 3's gain rows compare: CLIP-style pairs, grouped losses, text-only
 
@@ -26,7 +40,7 @@ class NoOptions(Section):
     """The options of an objective that takes none (a run entry's `options` must then be empty)."""
 
 
-def entry_option(entry: TrainRunParams, key: str) -> Any:
+def entry_option(entry: RunEntry, key: str) -> Any:
     """A run entry's option `key` (None when unset), before or after its options were validated."""
     options = entry.options
     return options.get(key) if isinstance(options, dict) else getattr(options, key, None)
@@ -46,32 +60,32 @@ class ObjectiveSpec:
     distributed_refusal: ClassVar[str | None] = None  # why it cannot run under torchrun (None: it can)
 
     @classmethod
-    def exposure(cls, params: Params, entry: TrainRunParams) -> list[str]:
+    def exposure(cls, params: RunParams, entry: RunEntry) -> list[str]:
         """Why training with this objective shows the model strings that evaluation uses as queries ([]: none)."""
         return []
 
     @classmethod
-    def for_entry(cls, entry: TrainRunParams) -> type[ObjectiveSpec]:
+    def for_entry(cls, entry: RunEntry) -> type[ObjectiveSpec]:
         """The objective that trains this entry (a variant chosen by the entry's options; default: this one)."""
         return cls
 
     @classmethod
-    def check_entry(cls, entry: TrainRunParams) -> None:
+    def check_entry(cls, entry: RunEntry) -> None:
         """Raise ValueError (naming the fix) for a run entry this objective cannot train (params validation)."""
 
     @classmethod
-    def resolve_options(cls, options: Section, params: Params) -> Section:
+    def resolve_options(cls, options: Section, params: RunParams) -> Section:
         """The entry's options with what they leave unset filled from the params (a protocol key from run.protocol,
         a group loss's alpha from train.alpha): what the run's spec holds and the objective is built with."""
         return options.model_copy(update=protocol_options(options, params.run.protocol))
 
     @classmethod
-    def input_files(cls, params: Params, entry: TrainRunParams) -> list[tuple[str, Path | None]]:
+    def input_files(cls, params: RunParams, entry: RunEntry) -> list[tuple[str, Path | None]]:
         """(params key, path) of the files its runs read beyond the data source (checked to exist)."""
         return []
 
     @classmethod
-    def check(cls, params: Params, entry: TrainRunParams) -> None:
+    def check(cls, params: RunParams, entry: RunEntry) -> None:
         """Raise ValueError (naming the fix) when the params cannot train this objective."""
         t = params.train
         if t.groups_per_batch < cls.min_groups:

@@ -7,16 +7,12 @@ may set its own in `options`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from cglib.config.base import Section
-from cglib.config.objectives.base import ObjectiveSpec, entry_option
-
-if TYPE_CHECKING:
-    from cglib.config.params import Params
-    from cglib.config.training import TrainRunParams
+from cglib.config.objectives.base import ObjectiveSpec, RunEntry, RunParams, entry_option
 
 
 class GroupLossOptions(Section):
@@ -39,7 +35,7 @@ class GroupLossSpec(ObjectiveSpec):
     Options = GroupLossOptions
 
     @classmethod
-    def resolve_options(cls, options: GroupLossOptions, params: Params) -> GroupLossOptions:
+    def resolve_options(cls, options: GroupLossOptions, params: RunParams) -> GroupLossOptions:
         filled = {key: getattr(params.train, key) for key in ("tau_inner", "alpha") if getattr(options, key) is None}
         return super().resolve_options(options, params).model_copy(update=filled)
 
@@ -85,6 +81,6 @@ class CentroidSpec(GroupLossSpec):
     Options = CentroidOptions
 
     @classmethod
-    def for_entry(cls, entry: TrainRunParams) -> type[ObjectiveSpec]:
+    def for_entry(cls, entry: RunEntry) -> type[ObjectiveSpec]:
         """With options.memory_momentum the run contrasts against a memory of every group's centroids."""
         return MemoryCentroidSpec if entry_option(entry, "memory_momentum") is not None else cls

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
 from cglib.config.base import Section
-from cglib.config.objectives.base import ObjectiveSpec
-
-if TYPE_CHECKING:
-    from cglib.config.params import Params
-    from cglib.config.training import TrainRunParams
+from cglib.config.objectives.base import ObjectiveSpec, RunEntry, RunParams
 
 
 class MCCOptions(Section):
@@ -29,7 +23,7 @@ class MCCSpec(ObjectiveSpec):
     Options = MCCOptions
 
     @classmethod
-    def exposure(cls, params: Params, entry: TrainRunParams) -> list[str]:
+    def exposure(cls, params: RunParams, entry: RunEntry) -> list[str]:
         if entry.groups != "magic":
             return []
         return [("MCC conditions the image space on the l1 concept names (the l1 evaluation queries) through its "

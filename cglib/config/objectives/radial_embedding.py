@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from cglib.config.base import Section
-from cglib.config.objectives.base import ObjectiveSpec
-
-if TYPE_CHECKING:
-    from cglib.config.params import Params
-    from cglib.config.training import TrainRunParams
+from cglib.config.objectives.base import ObjectiveSpec, RunEntry, RunParams
 
 
 class REOptions(Section):
@@ -43,7 +39,7 @@ class RadialEmbeddingSpec(ObjectiveSpec):
     distributed_refusal = "its text phase trains on one process"
 
     @classmethod
-    def check_entry(cls, entry: TrainRunParams) -> None:
+    def check_entry(cls, entry: RunEntry) -> None:
         super().check_entry(entry)
         if entry.pretrain != "none":
             raise ValueError(f"run {entry.name!r}: loss re trains the text tower on its own data and takes no textual "
@@ -53,18 +49,18 @@ class RadialEmbeddingSpec(ObjectiveSpec):
                              "groups: ngram (or choose an image-text loss)")
 
     @classmethod
-    def check(cls, params: Params, entry: TrainRunParams) -> None:
+    def check(cls, params: RunParams, entry: RunEntry) -> None:
         """An RE run never draws group batches: train.groups_per_batch and pairs_per_group do not concern it."""
 
     @classmethod
-    def exposure(cls, params: Params, entry: TrainRunParams) -> list[str]:
+    def exposure(cls, params: RunParams, entry: RunEntry) -> list[str]:
         if entry.options.data != "magic":
             return []
         return [("RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives "
                  "(options.data: magic)")]
 
     @classmethod
-    def input_files(cls, params: Params, entry: TrainRunParams) -> list[tuple[str, Path | None]]:
+    def input_files(cls, params: RunParams, entry: RunEntry) -> list[tuple[str, Path | None]]:
         if entry.options.data != "hierarcaps_train":
             return []
         return [("data.hierarcaps_train_csv", params.data.hierarcaps_train_csv)]
