@@ -78,8 +78,8 @@ def _tiny_export(folder: Path) -> Path:
     from PIL import Image
 
     from cglib.data.dataset import CaptionDataset
+    from cglib.magic.files import save_magic
     from cglib.magic.hf_export import export_magic
-    from cglib.magic.schema import save_magic
     from tests.factories import tiny_magic
 
     magic, dataset = tiny_magic(per_group=4)
@@ -199,7 +199,7 @@ def run_case(case: BadInput, folder: Path) -> tuple[int, str]:
             return 1, str(exc)
         return 0, ""
     from cglib.llm.chains import load_chains
-    from cglib.magic.schema import load_magic
+    from cglib.magic.files import load_magic
 
     try:
         (load_magic if case.reader == "magic" else load_chains)(path)

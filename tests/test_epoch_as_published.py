@@ -13,7 +13,7 @@ import pytest
 import torch
 from factories import tiny_magic
 
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.train.epochs import PublishedPairsEpoch
 from cglib.train.optim import warmup_cosine
 from cglib.train.sampler import GroupBatchSampler, epoch_sizes

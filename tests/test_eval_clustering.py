@@ -19,7 +19,7 @@ from cglib.evaluate.clustering import (
 )
 from cglib.evaluate.items import build_items
 from cglib.evaluate.table3 import table3
-from cglib.magic.schema import load_magic, save_magic
+from cglib.magic.files import load_magic, save_magic
 from tests.factories import tiny_magic
 
 

@@ -16,7 +16,7 @@ from cglib.evaluate import evaluate_run, load_results, load_scores, paper
 from cglib.evaluate.gains import model_roles
 from cglib.evaluate.report import METRIC_COLUMNS
 from cglib.evaluate.table3 import table3_values
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.run import RunContext, open_run
 from tests.factories import tiny_magic
 

@@ -9,7 +9,8 @@ import pytest
 from factories import tiny_magic, two_top_magic
 
 from cglib.data.coco import CaptionFileError
-from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train, re_items_from_magic
+from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train
+from cglib.magic.re_items import re_items_from_magic
 from cglib.magic.schema import MagicFile, node_id
 
 

@@ -27,6 +27,7 @@ def test_the_layers_hold():
     file names through registries of import paths, cglib/config/objectives and eval.benchmarks' loader)."""
     text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert "ignore_imports" not in text
+    assert "exclude_type_checking_imports = false" in text  # an import for a type is still an import
     done = lint_imports()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "Contracts: 1 kept, 0 broken." in done.stdout
@@ -81,3 +82,75 @@ def test_imports_inside_functions_are_heavy_or_commented():
             offenders.append(f"{rel}:{node.lineno}: {', '.join(modules)}")
     assert not offenders, f"{len(offenders)} in-function imports neither heavy nor `# lazy:`-commented:\n" + "\n".join(
         offenders)
+
+
+
+def package_modules(root: Path) -> dict[str, Path]:
+    """Every module of the package `cglib` under `root` by dotted name (a package by its __init__)."""
+    modules = {}
+    for path in sorted((root / "cglib").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph(modules: dict[str, Path]):
+    """Module -> module edges of every import statement: top level, inside functions and under TYPE_CHECKING alike.
+    `from a.b import c` points at the module a.b.c when c is one, else at a.b; relative imports are resolved."""
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target not in modules and "." in target:  # cglib.x.function -> cglib.x
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    graph.add_edge(name, target)
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    import networkx as nx
+
+    graph = import_graph(package_modules(root))
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def test_no_import_cycle_even_counting_lazy_and_type_checking_imports():
+    """A cycle hidden in a function or behind TYPE_CHECKING is still a cycle a reader has to hold in their head."""
+    assert import_graph(package_modules(REPO)).number_of_edges() > 300  # the walk sees the package's imports
+    assert import_cycles(REPO) == []
+
+
+def test_the_cycle_walk_sees_in_function_relative_and_type_checking_imports(tmp_path):
+    """The walk is not vacuous: a cycle closed by an in-function import, one closed by a TYPE_CHECKING import, and
+    one closed by a relative import are each reported."""
+    files = {
+        "__init__.py": "",
+        "a.py": "from cglib.b import B\n",
+        "b.py": "B = 1\ndef f():\n    from cglib import a  # lazy: test\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "from typing import TYPE_CHECKING\nfrom cglib.sub.d import D\nif TYPE_CHECKING:\n    pass\n",
+        "sub/d.py": "from typing import TYPE_CHECKING\nD = 1\nif TYPE_CHECKING:\n    from cglib.sub.c import C\n",
+        "e.py": "from .sub import f_module\n",
+        "sub/f_module.py": "from ..e import thing\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "cglib" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cglib" / name).write_text(text, encoding="utf-8")
+    assert import_cycles(tmp_path) == [["cglib.a", "cglib.b"], ["cglib.e", "cglib.sub.f_module"],
+                                       ["cglib.sub.c", "cglib.sub.d"]]

@@ -18,9 +18,9 @@ from PIL import Image
 from cglib.cli import main as cli_main
 from cglib.config import Params, ParamsError, parse_params
 from cglib.data.dataset import CaptionDataset, load_ground_truth
+from cglib.magic.files import load_magic, save_magic
 from cglib.magic.hf_export import CARD_FILE, NODES_FILE, SPLIT_FILES, export_magic
 from cglib.magic.hf_import import ExportError, captions_from_export, read_export, resolve_source
-from cglib.magic.schema import load_magic, save_magic
 from tests.factories import tiny_magic
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cglib.config import Params, ParamsError, parse_params
+from cglib.magic.files import load_magic, save_magic
 from cglib.magic.ngram import (
     SKIP_TEST,
     SKIP_UNCOVERED,
@@ -16,7 +17,7 @@ from cglib.magic.ngram import (
     ngram_path,
     ngram_table,
 )
-from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, load_magic, save_magic
+from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node
 from cglib.run import RunContext
 
 # train images by caption; min_images 3, n_max 2, max_document_fraction 0.5 of 17 train images (limit 8.5)

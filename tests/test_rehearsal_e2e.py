@@ -22,7 +22,7 @@ from rehearsal_llm import answer
 
 from cglib.cli import main as cli_main
 from cglib.config import deep_merge
-from cglib.magic.schema import load_magic
+from cglib.magic.files import load_magic
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
 REPO = Path(__file__).resolve().parent.parent

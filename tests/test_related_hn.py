@@ -177,7 +177,7 @@ def test_clip_hn_training_counts_pairs_without_a_keyword(tmp_path, freeze_text):
     every epoch: with a hard negative, without a keyword, as a recount of the same deterministic batches gives."""
     from test_train import make_run
 
-    from cglib.magic.schema import save_magic
+    from cglib.magic.files import save_magic
     from cglib.train import train_one
     from cglib.train.objectives.keyword_negatives import batch_hard_negatives
     from cglib.train.sampler import GroupBatchSampler
@@ -212,7 +212,7 @@ def test_keyword_permutation_rows_in_the_evaluation(tmp_path):
     from test_eval_pipeline import make_run
 
     from cglib.evaluate import evaluate_run
-    from cglib.magic.schema import save_magic
+    from cglib.magic.files import save_magic
     from cglib.train import ensure_initial
 
     run = make_run(tmp_path, runs=[], keyword_permutation=True)

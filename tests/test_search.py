@@ -19,7 +19,7 @@ from factories import tiny_magic
 from cglib.accounts import stage_summaries, summary_lines
 from cglib.cli import main as cli_main
 from cglib.config import Params, ParamsError, load_params, parse_params
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.run import RunContext
 from cglib.search.study import account_line, open_study, run_search
 from cglib.search.validation import search_view

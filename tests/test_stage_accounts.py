@@ -31,7 +31,7 @@ from cglib.accounts import stage_summaries, summary_lines
 from cglib.config import Params
 from cglib.llm import GroupRequest, generalize_groups
 from cglib.llm.base import BudgetExceededError
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.pipeline import resume_command
 
 sys.path.insert(0, str(Path(__file__).parent))

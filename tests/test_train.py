@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from cglib.config import Params
 from cglib.distributed import DistInfo
 from cglib.encoding import encode_texts
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.models import build_model
 from cglib.run import RunContext
 from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from cglib.config import Params, ParamsError, parse_params
 from cglib.data.synthetic import make_world
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.models import build_model
 from cglib.run import RunContext
 from cglib.train import ZERO_SHOT, base_record, ensure_initial, load_trained, train_one

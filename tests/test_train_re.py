@@ -12,7 +12,7 @@ from factories import tiny_magic, two_top_magic
 
 from cglib.config import Params, ParamsError, parse_params
 from cglib.distributed import DistInfo
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.models import Towers
 from cglib.radial import radial_embedding_loss
 from cglib.run import RunContext

@@ -24,7 +24,7 @@ from float_tolerance import ADAM_EPS, optimizer_steps, trained_tolerance
 from safetensors.torch import load_file
 from test_train_distributed import free_port
 
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ["pairwise", "pairwise_pretrain"]  # a group-loss run and the textual-pretraining run of the rehearsal

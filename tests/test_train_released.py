@@ -11,7 +11,7 @@ from factories import tiny_magic, two_top_magic
 from cglib import hf_clip
 from cglib.config import ModelParams, Params, TrainRunParams
 from cglib.evaluate.table3 import table3_notes
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.models import build_model
 from cglib.run import RunContext
 from cglib.train import load_trained, train_one

@@ -12,7 +12,7 @@ from factories import tiny_magic
 from safetensors.torch import load_file
 
 from cglib.config import Params, ParamsError, parse_params
-from cglib.magic.schema import load_magic, save_magic
+from cglib.magic.files import load_magic, save_magic
 from cglib.run import RunContext, training_dir, training_seed_value
 from cglib.train import base_record, load_trained, train_all
 from cglib.train.checkpoint import INITIAL

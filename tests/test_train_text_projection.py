@@ -10,7 +10,7 @@ from factories import tiny_magic, two_top_magic
 
 from cglib.config import ModelParams, Params, ParamsError, parse_params
 from cglib.encoding import encode_texts
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.models import build_model
 from cglib.run import RunContext
 from cglib.train import load_trained, train_one

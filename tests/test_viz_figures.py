@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from cglib.magic.schema import save_magic
+from cglib.magic.files import save_magic
 from cglib.run import open_run
 from cglib.viz.figures import (
     DUAL_EFFECT_TABLE,

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +29,6 @@ from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final 
 
 if TYPE_CHECKING:
     from cglib.distributed import DistInfo
-    from cglib.magic.schema import MagicFile
     from cglib.run import RunContext
 
 logger = logging.getLogger(__name__)
@@ -197,17 +197,18 @@ def image_cache_dir(run: RunContext) -> Path:
     return run.dir / "cache" / "images"
 
 
-def magic_image_cache(run: RunContext, magic: MagicFile, dataset: CaptionDataset, size: int,
+def magic_image_cache(run: RunContext, magic_images: Collection[str], dataset: CaptionDataset, size: int,
                       progress: bool = True, info: DistInfo | None = None) -> ImageCache:
-    """The image cache of the MAGIC images (both splits) at `size`; built by rank 0, opened by the others."""
+    """The image cache of the MAGIC images (`magic.images`, both splits) at `size`; built by rank 0, opened by the
+    others."""
     from cglib import distributed  # lazy: torch, imported only when a MAGIC cache is asked for
 
     known = set(dataset.image_ids)
-    missing = [i for i in magic.images if i not in known]
+    missing = [i for i in magic_images if i not in known]
     if missing:
         raise ValueError(f"{len(missing)} MAGIC images are not in the captions dataset (first: {missing[0]}); "
                          "re-run 03_magic_dag on the current captions")
-    wanted = set(magic.images)
+    wanted = set(magic_images)
     subset = dataset.subset([i for i in dataset.image_ids if i in wanted])
     info = info or distributed.DistInfo()
     if info.is_main:

@@ -80,7 +80,7 @@ from cglib.evaluate.retrieval import set_faiss_threads
 from cglib.evaluate.summary import UNCERTAINTY_PROTOCOL, paired_seeds, seed_values, summarize
 from cglib.evaluate.table3 import table3
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
-from cglib.magic.schema import load_magic
+from cglib.magic.files import load_magic
 from cglib.magic.stats import leakage
 from cglib.models import ClipModel
 from cglib.run import RunContext, seed_label, training_dir
@@ -130,7 +130,7 @@ def _test_pixels(run: RunContext, magic, dataset: CaptionDataset, image_size: Ca
     if dataset.pixels is not None:
         pixels = dataset.pixels[[row_of[i] for i in present]]
         return (lambda: pixels), pixel_fingerprint(pixels=pixels), set(present), skipped
-    cache = magic_image_cache(run, magic, dataset, image_size(), progress)
+    cache = magic_image_cache(run, magic.images, dataset, image_size(), progress)
     readable = [i for i in present if i in cache]
     for i in present:
         if i not in cache:

@@ -20,11 +20,12 @@ from cglib.llm import generalize_groups
 from cglib.magic.dag import ConceptDAG
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
 from cglib.magic.export import write_graphml
+from cglib.magic.files import save_magic
 from cglib.magic.generalized_captions import Generalizer, add_generalized_captions
 from cglib.magic.invariants import check_invariants
 from cglib.magic.merge import merge_and_remove
 from cglib.magic.negatives import attach_negatives, negative_settings
-from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, save_magic
+from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node
 from cglib.magic.split import split_images
 from cglib.magic.stats import compute_stats
 from cglib.run import provenance, write_json

@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from cglib.data.dataset import CaptionDataset, load_ground_truth
-from cglib.magic.schema import MagicFile, load_magic
+from cglib.magic.files import load_magic
+from cglib.magic.schema import MagicFile
 from cglib.magic.stats import table1
 
 EXPORT_FORMAT_VERSION = 1

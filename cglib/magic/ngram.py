@@ -50,9 +50,10 @@ import pandas as pd
 
 from cglib.config import Params
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
+from cglib.magic.files import load_magic, save_magic
 from cglib.magic.invariants import check_invariants
 from cglib.magic.negatives import attach_negatives, negative_settings
-from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, load_magic, node_id, save_magic
+from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, node_id
 from cglib.run import provenance
 
 logger = logging.getLogger(__name__)

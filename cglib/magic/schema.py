@@ -1,21 +1,17 @@
-"""`magic.json`: the grouped dataset that training and evaluation read (schema, loader, queries).
+"""`magic.json`: the grouped dataset that training and evaluation read: its schema and queries.
 
 Nodes are keyed `l{level}:{canonical name}`, so the same string at two levels is two nodes and edges only go
 from level k to k+1. Images attach to exactly one l1 node. A node may have several parents (images disagreed);
 each edge keeps its image count and the most frequent parent is `primary_parent`, which defines an image's
-chain. Building the file is `cglib.magic.build`'s job; this module only describes, validates and queries it.
+chain. Building the file is `cglib.magic.build`'s job, reading and writing it `cglib.magic.files`'s.
 """
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from cglib.strict_yaml import NotTextError, read_text
+from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 2
 
@@ -173,41 +169,3 @@ class MagicFile(_Strict):
     def split_ids(self, split: str) -> list[str]:
         """Sorted image ids of one split."""
         return sorted(i for i, rec in self.images.items() if rec.split == split)
-
-
-def save_magic(magic: MagicFile, path: str | Path) -> Path:
-    """Write magic.json (atomic rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(magic.model_dump_json(indent=1), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def load_magic(path: str | Path) -> MagicFile:
-    """Read and validate magic.json: schema version, structure and DAG invariants, with errors naming the fix."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run notebook 03_magic_dag first")
-    try:
-        raw = json.loads(read_text(path))
-    except NotTextError as exc:
-        raise ValueError(f"{exc}; magic.json is corrupted: rebuild it with notebook 03_magic_dag") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is corrupted (not valid JSON: {exc}); rebuild it with notebook 03_magic_dag") from None
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema_version {version!r}; this cglib reads version {SCHEMA_VERSION}: "
-                         "rebuild it with notebook 03_magic_dag")
-    try:
-        magic = MagicFile.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{path} is malformed at {where}: {first['msg']} ({exc.error_count()} problems); "
-                         "rebuild it with notebook 03_magic_dag") from None
-    from cglib.magic.invariants import check_invariants  # lazy: cycle, invariants imports schema
-
-    check_invariants(magic)
-    return magic

@@ -42,7 +42,7 @@ from cglib import distributed
 from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import magic_image_cache
-from cglib.magic.schema import load_magic
+from cglib.magic.files import load_magic
 from cglib.run import RunContext, provenance, runner_identity, write_json
 from cglib.search.storage import (
     open_storage,
@@ -193,7 +193,7 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
             if not target.is_file() or target.read_bytes() != source.read_bytes():
                 shutil.copyfile(source, target.with_suffix(".tmp"))
                 target.with_suffix(".tmp").replace(target)
-        cache = magic_image_cache(space, view, dataset, model_image_size(params), progress)
+        cache = magic_image_cache(space, view.images, dataset, model_image_size(params), progress)
         write_json(folder / VALIDATION, validation)
     digest = hashlib.sha1(view.model_dump_json().encode())
     digest.update(cache.directory.name.encode())

@@ -36,7 +36,7 @@ from cglib.data.sources import synthetic_world
 from cglib.data.synthetic import leaked_concept_names
 from cglib.encoding import encode_texts, pixels_to_tensor, tokenize
 from cglib.frontend import tqdm
-from cglib.magic.schema import load_magic
+from cglib.magic.files import load_magic
 from cglib.models import ClipModel, Towers
 from cglib.run import RunContext
 from cglib.train.optim import amp_dtype

@@ -13,8 +13,9 @@ from cglib.data.download import file_digest
 from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.distributed import DistInfo
 from cglib.hf_clip import image_size
+from cglib.magic.files import load_magic
 from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
-from cglib.magic.schema import MagicFile, load_magic
+from cglib.magic.schema import MagicFile
 from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
 from cglib.run import RunContext
 from cglib.train.released import released_file
@@ -59,7 +60,7 @@ def load_inputs(run: RunContext, image_size: int | None = None, progress: bool =
     magic_path = run.require("magic/magic.json", "03_magic_dag")
     dataset_dir = run.require("captions/dataset.json", "01_captions").parent
     magic = load_magic(magic_path)
-    cache = magic_image_cache(run, magic, CaptionDataset.load(dataset_dir), image_size, progress, info)
+    cache = magic_image_cache(run, magic.images, CaptionDataset.load(dataset_dir), image_size, progress, info)
     digest = hashlib.sha1(magic_path.read_bytes())
     if groups == "ngram":
         info = info or DistInfo()

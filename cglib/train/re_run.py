@@ -4,7 +4,7 @@ A run with `loss: re` trains the text side only (the image tower and the logit s
 in its weights file): the text tower and its projection, or with `train.text_trains: projection` the projection
 alone on precomputed outputs of the frozen tower (`text_phase.py`; the demo) with `cglib.radial.radial_embedding_loss` on RE items
 (`cglib.data.hierarcaps_train`): the run's `options.data: magic` builds them from this run's MAGIC train split (an image's
-concept chain l_max..l1 then one of its captions, `re_items_from_magic(magic, "train", run.seed)`; a single
+concept chain l_max..l1 then one of its captions, `cglib.magic.re_items.re_items_from_magic(magic, "train", run.seed)`; a single
 top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
 hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's 2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
 reach it); the regularizer compares them with the embeddings of the ORIGINAL text tower (the run's starting
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from cglib.config import Params
-from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train, re_items_from_magic
+from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train
+from cglib.magic.re_items import re_items_from_magic
 from cglib.magic.schema import MagicFile
 from cglib.radial import radial_embedding_loss
 

@@ -20,7 +20,8 @@ from cglib.data.image_cache import build_image_cache
 from cglib.evaluate.embeddings import Embeddings, EmbeddingStore, pixel_fingerprint
 from cglib.evaluate.geometry import geometry_differences, group_geometry
 from cglib.evaluate.loading import model_fingerprints
-from cglib.magic.schema import MagicFile, load_magic
+from cglib.magic.files import load_magic
+from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel
 from cglib.run import RunContext, seed_label
 from cglib.train import ZERO_SHOT, load_trained
