@@ -98,13 +98,18 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s" +
               (f"  {nb['error']}" if nb.get("error") else ""))
     # read the stages now, not run.json's summary: a search or a `python -m cglib.train` after the run is shown too
-    stages = stage_summaries(run_dir, resume=resume_command(manifest.get("params_file", "PARAMS"), run_dir,
-                                                            **(manifest.get("scope") or {})))
-    for line in summary_lines(stages):
+    scope = manifest.get("scope") or {}
+    resume = resume_command(manifest.get("params_file", "PARAMS"), run_dir, **scope)
+    for line in summary_lines(stage_summaries(run_dir, resume=resume)):
         print(line)
     if status == "interrupted":
-        print(f"the runner is gone: resume with `cglib run {manifest.get('params_file', 'PARAMS')} --out {run_dir}`"
-              " (add --from NN to skip finished notebooks)")
+        finished = {nb["name"][:2] for nb in manifest.get("notebooks", []) if nb.get("status") == "ok"}
+        left = [n for n in scope.get("asked") or [] if n not in finished]
+        if left:
+            print(f"the runner is gone in notebook {left[0]}: resume with `{resume(left[0])}`")
+        else:
+            print(f"the runner is gone: resume with `cglib run {manifest.get('params_file', 'PARAMS')} --out "
+                  f"{run_dir}` (add --from NN to skip finished notebooks)")
     return STATUS_EXIT.get(status, 1)
 
 

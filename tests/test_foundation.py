@@ -413,7 +413,10 @@ def test_status_reports_running_then_interrupted_after_kill(tmp_path, capsys):
     assert json.loads((out / "run.json").read_text())["status"] == "running"  # what the killed runner left
     assert cli_main(["status", str(out)]) == 4
     shown = capsys.readouterr().out
-    assert f"interrupted (runner PID {runner.pid} on {socket.gethostname()})" in shown and "cglib run" in shown
+    assert f"interrupted (runner PID {runner.pid} on {socket.gethostname()})" in shown
+    # the exact command: the notebook it stopped in onwards, the same notebook folder
+    assert (f"the runner is gone in notebook 02: resume with `cglib run {params.resolve()} --out {out} --notebooks "
+            f"{nbdir} --from 02`") in shown, shown
     (tmp_path / "notebooks" / "02_long.ipynb").unlink()
     assert cli_main(["run", str(params), "--notebooks", str(nbdir), "--out", str(out)]) == 0
     assert cli_main(["status", str(out)]) == 0
