@@ -260,3 +260,14 @@ def test_a_wrong_answer_fails_on_the_grading_seeds_too():
                           seeds=GRADING_SEEDS)
     with pytest.raises(CheckFailed, match="canonicalize the concept first"):
         check_concept_reply(lambda *a: reply_variant(*a, canonical_repeat=False), seeds=GRADING_SEEDS)
+
+
+def test_the_student_stub_error_is_not_turned_into_a_check_failure():
+    def stub(*args):
+        raise NotImplementedError("Exercise: write your solution here")
+
+    for check, kwargs in ((check_concept_reply, {}), (check_chain_agreement, {}), (check_full_run_cost,
+                          {"params": DEMO}), (check_pairs_epoch, {}), (check_published_epoch, {}),
+                          (check_parse_coco, {}), (check_caption_statistics, {})):
+        with pytest.raises(NotImplementedError):
+            check(stub, **kwargs)
