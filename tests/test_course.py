@@ -38,8 +38,10 @@ from cglib.magic.schema import node_id
 from cglib.viz.dual_effect import optimize_points
 
 REPO = Path(__file__).resolve().parent.parent
-EXERCISE_NOTEBOOKS = ("03_magic_dag.ipynb", "04_losses.ipynb")
-EXPECTED_CHECKS = {"03_magic_dag.ipynb": 2, "04_losses.ipynb": 3}  # the check calls of each notebook
+EXERCISE_NOTEBOOKS = ("00_overview.ipynb", "01_captions.ipynb", "02_abstraction.ipynb",
+                      "03_magic_dag.ipynb", "04_losses.ipynb")
+EXPECTED_CHECKS = {"00_overview.ipynb": 2, "01_captions.ipynb": 2, "02_abstraction.ipynb": 3,
+                   "03_magic_dag.ipynb": 2, "04_losses.ipynb": 3}  # the check calls of each notebook
 
 
 def solution_function(notebook: str, name: str):
