@@ -60,6 +60,8 @@ def keep_shown_widget_models(model: dict, path: str, contents_manager: Any, **kw
     saved the widget models its outputs show that it lacks, from the file on disk. Changes `model` in place."""
     if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
         return
+    if not any(_shown_model_ids(model["content"])):  # most saves: no widget shown, no file to read
+        return
     os_path = _os_path(contents_manager, path)
     # a Jupytext text notebook (.py, .md) keeps no widget state on disk
     if os_path is None or not os_path.endswith(".ipynb") or not os.path.isfile(os_path):
@@ -93,14 +95,14 @@ def restore_shown_models(incoming: dict, on_disk: dict) -> int:
     if not disk_models:
         return 0
     missing = {}
-    pending = [model_id for cell in incoming.get("cells", []) for model_id in _references(cell.get("outputs", []))]
+    pending = list(_shown_model_ids(incoming))
     seen = set()
     while pending:
         model_id = pending.pop()
         if model_id in seen:
             continue
         seen.add(model_id)
-        saved = incoming_models.get(model_id) or disk_models.get(model_id)
+        saved = incoming_models[model_id] if model_id in incoming_models else disk_models.get(model_id)
         if saved is None:
             continue
         if model_id not in incoming_models:
@@ -113,6 +115,12 @@ def restore_shown_models(incoming: dict, on_disk: dict) -> int:
         key: value for key, value in disk_widgets.items() if key != "state"})  # version_major, version_minor
     state.setdefault("state", {}).update(missing)
     return len(missing)
+
+
+def _shown_model_ids(notebook: dict) -> Iterator[str]:
+    """The widget models that a notebook's outputs show (not those they reach)."""
+    for cell in notebook.get("cells", []):
+        yield from _references(cell.get("outputs", []))
 
 
 def _widget_state(notebook: dict) -> dict:

@@ -3,8 +3,9 @@ nothing is downloaded). Opens notebook 03 on the session's small run, runs all c
 changes a dropdown of the DAG explorer and checks that its output changed and no cell errored; the same for
 notebook 07's concept explorer through a one-cell notebook (a tiny seeded model: notebook 07 itself needs a
 trained run, minutes of training that the test session does not have); checks that the status bar says "Busy"
-while a cell runs after a widget was shown (the ipykernel 7 subshell quirk, see pyproject.toml); then opens
-`cglib report`'s pages and checks that every image loaded.
+while a cell runs after a widget was shown (the ipykernel 7 subshell quirk, see pyproject.toml); saves, reopens,
+saves untouched and reopens a notebook of widgets, with cglib's widget state server extension and without it
+(ipywidgets issue 3270); then opens `cglib report`'s pages and checks that every image loaded.
 
 Skips with the install command when Chromium, chromedriver or selenium is missing (`.ci/run` installs them).
 """
