@@ -11,10 +11,15 @@ export MPLBACKEND := Agg
 
 .PHONY: install demo test lint validate clean-outputs
 
-$(STAMP): pyproject.toml
+SERVER_CONFIG := jupyter-config/jupyter_server_config.d/cglib.json
+
+$(STAMP): pyproject.toml $(SERVER_CONFIG)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# an editable install skips pyproject's data-files: enable cglib.widget_state for `jupyter lab` here too
+	mkdir -p $(VENV)/etc/jupyter/jupyter_server_config.d
+	cp $(SERVER_CONFIG) $(VENV)/etc/jupyter/jupyter_server_config.d/cglib.json
 	$(PY) -m ipykernel install --sys-prefix --name cglib --display-name "Python (cglib)"
 	$(PY) -c "from cglib.frontend import ensure_lab_settings; print('wrote', ensure_lab_settings())"
 	touch $(STAMP)

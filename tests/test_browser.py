@@ -3,14 +3,16 @@ nothing is downloaded). Opens notebook 03 on the session's small run, runs all c
 changes a dropdown of the DAG explorer and checks that its output changed and no cell errored; the same for
 notebook 07's concept explorer through a one-cell notebook (a tiny seeded model: notebook 07 itself needs a
 trained run, minutes of training that the test session does not have); checks that the status bar says "Busy"
-while a cell runs after a widget was shown (the ipykernel 7 subshell quirk, see pyproject.toml); then opens
-`cglib report`'s pages and checks that every image loaded.
+while a cell runs after a widget was shown (the ipykernel 7 subshell quirk, see pyproject.toml); saves, reopens,
+saves untouched and reopens a notebook of widgets, with cglib's widget state server extension and without it
+(ipywidgets issue 3270); then opens `cglib report`'s pages and checks that every image loaded.
 
 Skips with the install command when Chromium, chromedriver or selenium is missing (`.ci/run` installs them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -126,7 +128,8 @@ def driver(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lab(small_run, tmp_path_factory):
     """JupyterLab on 127.0.0.1 (free port, a token) over a temp root with a copy of the small run, notebook 03
-    parameterised to it and a one-cell notebook of 07's explorer: yields (base URL, token, root)."""
+    parameterised to it and a one-cell notebook of 07's explorer, with the server config installing cglib puts
+    into the environment (the widget state extension): yields (base URL, token, root)."""
     if not CHROMIUM or not CHROMEDRIVER:
         pytest.skip(f"Chromium or chromedriver not found: install them with `{INSTALL}`")
     root = tmp_path_factory.mktemp("lab")
@@ -140,6 +143,19 @@ def lab(small_run, tmp_path_factory):
     tiny.cells = [nbformat.v4.new_code_cell(EXPLORER_07)]
     nbformat.write(tiny, root / "07_explorer.ipynb")
 
+    with _jupyterlab(root) as server:
+        yield server
+
+
+# What installing cglib puts into the environment's jupyter_server_config.d: the widget state extension
+SERVER_CONFIG_PATH = REPO / "jupyter-config"
+WIDGET_STATE_EXTENSION = "cglib.widget_state"
+
+
+@contextlib.contextmanager
+def _jupyterlab(root: Path, *arguments: str):
+    """JupyterLab on 127.0.0.1 (free port, a token) over `root`, with cglib's JupyterLab defaults and its server
+    config, plus `arguments`: yields (base URL, token, root)."""
     kernel = ensure_kernel("cglib")
     # `make install` writes cglib's JupyterLab defaults into the environment; here into a folder of the test's own
     app_settings = ensure_lab_settings(root / ".app-settings").parents[1]
@@ -148,14 +164,14 @@ def lab(small_run, tmp_path_factory):
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "JUPYTER_RUNTIME_DIR": str(root / ".runtime")}
+           "JUPYTER_RUNTIME_DIR": str(root / ".runtime"), "JUPYTER_CONFIG_PATH": str(SERVER_CONFIG_PATH)}
     env.pop(HEADLESS_ENV, None)  # a front end is attached: the explorers must be live widgets
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
                f"--ServerApp.root_dir={root}", f"--MappingKernelManager.default_kernel_name={kernel}",
                f"--LabApp.user_settings_dir={root / '.settings'}", f"--LabApp.workspaces_dir={root / '.ws'}",
                f"--LabApp.app_settings_dir={app_settings}",
-               "--LabApp.expose_app_in_browser=True", *(["--allow-root"] if AS_ROOT else [])]
+               "--LabApp.expose_app_in_browser=True", *(["--allow-root"] if AS_ROOT else []), *arguments]
     log = (root / "jupyterlab.log").open("w")
     server = subprocess.Popen(command, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -178,6 +194,16 @@ def lab(small_run, tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def lab_without_widget_state(tmp_path_factory):
+    """JupyterLab as `lab`, but with cglib's widget state extension disabled: what ipywidgets does on its own."""
+    if not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip(f"Chromium or chromedriver not found: install them with `{INSTALL}`")
+    root = tmp_path_factory.mktemp("lab-without-widget-state")
+    with _jupyterlab(root, f"--ServerApp.jpserver_extensions={WIDGET_STATE_EXTENSION}=False") as server:
+        yield server
 
 
 def _open(driver, lab, notebook: str) -> dict:
@@ -470,3 +496,66 @@ def test_a_saved_live_notebook_reopens_without_widget_errors(driver, lab):
     assert "Error displaying widget: model not found" in broken["errors"]
 
 
+
+
+def _saved_models(path: Path) -> dict:
+    widgets = nbformat.read(path, as_version=4).metadata.get("widgets", {})
+    return widgets.get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+
+def _save(driver) -> None:
+    """File > Save of the notebook open (JupyterLab saves an unmodified notebook too); returns once it is saved."""
+    driver.execute_async_script("window.jupyterapp.commands.execute('docmanager:save').then(arguments[0]);")
+
+
+def _reopen(driver, lab, notebook: str) -> dict:
+    """Shut the kernel down and reopen `notebook`; wait for its widgets to be drawn or to show an error and
+    return what the page shows (WIDGET_ERRORS)."""
+    _shut_down_kernels(lab)
+    _open(driver, lab, notebook)
+    return _wait(lambda: (s := driver.execute_script(WIDGET_ERRORS)) and not s["loading"]
+                 and (s["errors"] or s["views"]) and s, 60, f"the reopened {notebook} to draw its widgets")
+
+
+def _save_reopen_save_untouched_reopen(driver, lab) -> tuple[int, dict, int, dict]:
+    """ipywidgets issue 3270 as our users met it: Run All (the concept explorer and a tqdm.auto bar), save, shut
+    the kernel down, reopen (the widgets are drawn from the saved state), save untouched, shut down, reopen.
+    Returns the widget models in the file after the first save, what the first reopen draws, the models after
+    the untouched save and what the second reopen draws."""
+    root = lab[2]
+    nb = nbformat.v4.new_notebook(metadata=nbformat.read(REPO / "notebooks" / "03_magic_dag.ipynb",
+                                                         as_version=4).metadata)
+    nb.cells = [nbformat.v4.new_code_cell(SAVED_NOTEBOOK)]
+    nbformat.write(nb, root / "resaved.ipynb")
+    state = _open_and_run_all(driver, lab, "resaved.ipynb", timeout=180)
+    assert state["cells"][0]["widget"]
+    _save(driver)
+    first = len(_saved_models(root / "resaved.ipynb"))
+    reopened = _reopen(driver, lab, "resaved.ipynb")
+    _save(driver)
+    resaved = len(_saved_models(root / "resaved.ipynb"))
+    return first, reopened, resaved, _reopen(driver, lab, "resaved.ipynb")
+
+
+def test_a_reopened_notebook_saved_again_keeps_its_widgets(driver, lab):
+    """Saved, reopened, saved untouched, reopened: JupyterLab sends the second save without the models it
+    restored from the file (ipywidgets issue 3270), cglib's server extension keeps those its outputs show, and
+    the second reopen draws the explorer and the bar again, no "Error displaying widget: model not found"."""
+    first, reopened, resaved, again = _save_reopen_save_untouched_reopen(driver, lab)
+    print(f"with the extension: {first} widget models saved, {resaved} after the reopened notebook's save")
+    assert first > 0 and reopened["errors"] == [] and reopened["images"] > 0, (first, reopened)
+    assert resaved == first, f"{first} widget models saved, {resaved} after saving the reopened notebook"
+    assert again["errors"] == [] and again["images"] > 0 and again["views"] >= reopened["views"], again
+    assert "cglib: kept" in (lab[2] / "jupyterlab.log").read_text()  # the extension did it, not JupyterLab
+
+
+def test_without_the_extension_a_reopened_notebook_loses_its_widgets(driver, lab_without_widget_state):
+    """The check above can fail: with cglib's widget state extension disabled, the untouched save of the
+    reopened notebook writes it without its widget models and the next reopen shows "model not found"."""
+    lab = lab_without_widget_state
+    first, reopened, resaved, again = _save_reopen_save_untouched_reopen(driver, lab)
+    print(f"without the extension: {first} widget models saved, {resaved} after the reopened notebook's save")
+    assert first > 0 and reopened["errors"] == [], (first, reopened)
+    assert resaved < first, f"{first} widget models saved, {resaved} after saving the reopened notebook"
+    assert "Error displaying widget: model not found" in again["errors"], again
+    assert "cglib: notebook saves keep" not in (lab[2] / "jupyterlab.log").read_text()
