@@ -1,9 +1,9 @@
-"""`cglib` command line: validate params, run the notebook series, regenerate figures, write a run's HTML report,
-search hyper-parameters, download or write data.
+"""`cglib` command line: validate params, run the notebook series, regenerate figures, write a run's HTML report
+or book, search hyper-parameters, download or write data.
 
-Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written; `evaluate-model`: the
-model could not be loaded; `search`: no trial completed), 2 bad input (params, arguments, a model spec, not a run
-directory),
+Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written; `book`: Sphinx missing;
+`evaluate-model`: the model could not be loaded; `search`: no trial completed), 2 bad input (params, arguments, a
+model spec, not a run directory),
 3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
 4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
 5 `status`: the run is still running.
@@ -160,6 +160,27 @@ def _report(args: argparse.Namespace) -> int:
     for name, why in report.failed.items():
         print(f"FAILED page {name}: {why}", file=sys.stderr)
     return 1 if report.failed else 0
+
+
+def _book(args: argparse.Namespace) -> int:
+    from cglib.book import (  # lazy: Sphinx is slow to import
+        BookDependencyMissing,
+        NotARunDirectory,
+        build_book,
+    )
+
+    try:
+        book = build_book(Path(args.run_dir), Path(args.out) if args.out else None)
+    except NotARunDirectory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BookDependencyMissing, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"book: {book.index} ({len(book.notebooks)} notebook pages, {book.seconds:.0f} s)")
+    for line in book.warnings:
+        print(f"  {line}")
+    return 0
 
 
 def parse_model_spec(spec: str, run_model):
@@ -380,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out", help="report folder (default: RUN_DIR/report); open its index.html")
     p.set_defaults(func=_report)
+
+    p = sub.add_parser("book", help="a run as a book: its executed notebooks, the guide and a glossary as a static "
+                       "site with navigation and search, built offline; exit 0 built, 1 Sphinx or MyST-NB missing "
+                       "(install the book extra) or the guide's pages not found, 2 not a run directory")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="book folder (default: RUN_DIR/book); open its index.html")
+    p.set_defaults(func=_book)
 
     p = sub.add_parser("evaluate-model", help="score one more model (e.g. OpenAI's CLIP) on a finished run's MAGIC "
                        "items next to its zero-shot model, without training; writes RUN/evaluation/models/NAME/ "

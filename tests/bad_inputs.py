@@ -1,8 +1,8 @@
 """The bad-input catalogue: every kind of broken file a user can hand cglib, what they see, and the exit code.
 
 One table drives both the test (tests/test_hardening.py runs every case and checks the exit code and the
-message) and the README's troubleshooting table: `python tests/bad_inputs.py` runs the cases in a temporary
-folder and prints the markdown with the messages as they really are.
+message) and the guide's troubleshooting table (book/troubleshooting.md): `python tests/bad_inputs.py` runs the
+cases in a temporary folder and prints the markdown with the messages as they really are.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""benchmarks/bench_scale.py stays runnable: one tiny size in this process, with the options the README's figures
-used (--truth-chains, and the capped hnsw search of the hard negatives)."""
+"""benchmarks/bench_scale.py stays runnable: one tiny size in this process, with the options the guide's figures
+(book/reproducing.md) used (--truth-chains, and the capped hnsw search of the hard negatives)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_bad_input_gives_its_exit_code_and_message(case, tmp_path: Path, monkeyp
 
 
 def test_catalogue_renders_as_markdown() -> None:
-    """`python tests/bad_inputs.py` prints one table row per case (the README's troubleshooting table)."""
+    """`python tests/bad_inputs.py` prints one table row per case (book/troubleshooting.md's table)."""
     table = markdown().splitlines()
     assert len(table) == 2 + len(CASES) and table[0].startswith("| file | what is wrong | exit code |")
     assert all(row.count("|") >= 5 for row in table)

@@ -7,7 +7,7 @@ papermill starts the notebook's kernel in a session of its own, so the kill reac
 must stop at once by itself (`cglib.kernel_guard`): within 1 s of each kill the server receives nothing more.
 Every answer is committed to the cache as it arrives, so a resumed attempt asks again only what the killed one
 had in flight: the server counts each request for an input it had already answered, and the total must stay
-within the README's bound, llm.concurrency per kill.
+within the guide's bound (book/stages/02_abstraction.md), llm.concurrency per kill.
 """
 
 from __future__ import annotations

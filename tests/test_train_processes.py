@@ -1,8 +1,8 @@
 """train.processes (issue 34): notebook 05's training on several processes, on one node or several, resumed.
 
 `train_runs` (what notebook 05 calls) with `train.processes: 2` on CPU starts `torchrun` with 2 gloo processes as
-a child; two torchrun agents joined by a c10d rendezvous on loopback stand for 2 nodes x 1 process (the README's
-multi-node command). Both must train the weights of one process; a 2-process run stopped by Ctrl-C in the
+a child; two torchrun agents joined by a c10d rendezvous on loopback stand for 2 nodes x 1 process (the guide's
+multi-node command, book/gpus.md). Both must train the weights of one process; a 2-process run stopped by Ctrl-C in the
 calling process (its ranks get SIGTERM) and resumed must end bit-identical to an uninterrupted 2-process run, as a
 single-process run does (test_train_faults). 4 epochs of 6 steps leave seconds to stop the run in the middle.
 """
@@ -78,7 +78,7 @@ def one_process(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The weights of PARAMS trained by 2 torchrun agents (2 "nodes" x 1 process) meeting at a c10d rendezvous on
-    loopback, each started with the README's multi-node command."""
+    loopback, each started with the guide's multi-node command (book/gpus.md)."""
     run = run_folder(tmp_path_factory.mktemp("nodes"))
     endpoint = f"127.0.0.1:{free_port()}"
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",

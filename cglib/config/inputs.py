@@ -19,8 +19,8 @@ class RunParams(Section):
     seed: int = Field(0, ge=0, description="Master seed: data order, splits, sampling, initialisation.")
     protocol: Literal["corrected", "as_published"] = Field(
         "corrected", description="The paper's procedure as the authors' code ran it (as_published) or with our "
-        "corrections (corrected): sets every protocol key the file leaves unset (cglib/config/protocol.py; README, "
-        "Fidelity to the paper). Evaluation scores both either way.")
+        "corrections (corrected): sets every protocol key the file leaves unset (cglib/config/protocol.py; the guide's "
+        "page Paper fidelity, book/fidelity.md). Evaluation scores both either way.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device; auto picks cuda when present.")
     output_dir: Path = Field(Path("outputs"), description="Parent folder of run directories (relative to the repo root).")
     cell_timeout_s: int = Field(3600, gt=0, description="Per-cell timeout for headless notebook runs (seconds).")

@@ -6,8 +6,8 @@ params file sets itself wins over the umbrella. Keys of the train section are fi
 `cglib validate` and the run's provenance show them); an objective's option (`train.runs[].options.<key>`) is left
 null in the entry and filled by the objective when the run's spec is built (`Objective.resolve_options`), for
 every run whose objective takes it. The evaluation needs no switch: every run scores both protocols
-(`forced_choice_published`, `hierarcaps_published`). README, "Fidelity to the paper", lists each difference with
-its key; `tests/test_protocol.py` fails when a key here is missing from it.
+(`forced_choice_published`, `hierarcaps_published`). The guide's page "Paper fidelity" (book/fidelity.md) lists
+each difference with its key; `tests/test_protocol.py` fails when a key here is missing from it.
 """
 
 from __future__ import annotations

@@ -148,8 +148,8 @@ def training_changes_markdown(changes: pd.DataFrame, corrected_run: str, publish
               "accuracy, corrected minus as published; paired bootstrap over those images (and the seeds); * marks "
               f"a CI that excludes 0 and survives Holm's correction over all {len(changes)} cells "
               f"({significant} do)."),
-              ("- Every training-side protocol key acts at once (README, 'Paper fidelity'); keys the params file "
-              "sets itself are the same in both runs.")]
+              ("- Every training-side protocol key acts at once (the guide's page 'Paper fidelity', "
+               "book/fidelity.md); keys the params file sets itself are the same in both runs.")]
     return "\n".join(lines) + "\n"
 
 
