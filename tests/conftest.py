@@ -59,3 +59,21 @@ def small_run(tmp_path_factory) -> Path:
     out = root / "run"
     assert cli_main(["run", str(path), "--out", str(out), "--only", "01,02,03"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def full_small_run(tmp_path_factory) -> Path:
+    """Every notebook of the shrunken demo (01-09), executed by `cglib run` once per test session: the run directory
+    for tests that need trained models and their evaluation (the course's notebooks 05 and 06)."""
+    from cglib.cli import main as cli_main
+    from cglib.config import deep_merge
+
+    root = tmp_path_factory.mktemp("full")
+    params = deep_merge(yaml.safe_load((REPO_ROOT / "params/demo.yaml").read_text()), SMALL_DEMO)
+    params["run"]["name"] = "full"
+    path = root / "params" / "full.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(params))
+    out = root / "run"
+    assert cli_main(["run", str(path), "--out", str(out)]) == 0
+    return out

@@ -38,10 +38,12 @@ from cglib.magic.schema import node_id
 from cglib.viz.dual_effect import optimize_points
 
 REPO = Path(__file__).resolve().parent.parent
-EXERCISE_NOTEBOOKS = ("00_overview.ipynb", "01_captions.ipynb", "02_abstraction.ipynb",
-                      "03_magic_dag.ipynb", "04_losses.ipynb")
+EXERCISE_NOTEBOOKS = ("00_overview.ipynb", "01_captions.ipynb", "02_abstraction.ipynb", "03_magic_dag.ipynb",
+                      "04_losses.ipynb", "05_training.ipynb", "06_evaluation.ipynb")
 EXPECTED_CHECKS = {"00_overview.ipynb": 2, "01_captions.ipynb": 2, "02_abstraction.ipynb": 3,
-                   "03_magic_dag.ipynb": 2, "04_losses.ipynb": 3}  # the check calls of each notebook
+                   "03_magic_dag.ipynb": 2, "04_losses.ipynb": 3, "05_training.ipynb": 3,
+                   "06_evaluation.ipynb": 2}  # the check calls of each notebook
+NEEDS_FULL_RUN = {"05_training.ipynb", "06_evaluation.ipynb"}  # they read trained models: the whole series
 
 
 def solution_function(notebook: str, name: str):
@@ -262,10 +264,19 @@ def test_student_version_refuses_to_overwrite_the_solutions(capsys):
 
 
 @pytest.fixture(scope="module")
-def run_copy(small_run, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("course") / "run"
-    shutil.copytree(small_run, run)  # notebook 03 rewrites magic/: keep the session's run untouched
-    return run
+def run_copies(tmp_path_factory) -> dict[str, Path]:
+    return {}
+
+
+@pytest.fixture
+def run_copy(request, run_copies, tmp_path_factory) -> Path:
+    """A copy of the run the notebook needs (NEEDS_FULL_RUN: the whole series; the others: notebooks 01-03), one per
+    module, so that a notebook rewriting its stage's files (03 rewrites magic/) leaves the session's run untouched."""
+    source = "full_small_run" if request.node.callspec.params["name"] in NEEDS_FULL_RUN else "small_run"
+    if source not in run_copies:
+        run_copies[source] = tmp_path_factory.mktemp("course") / "run"
+        shutil.copytree(request.getfixturevalue(source), run_copies[source])
+    return run_copies[source]
 
 
 def with_parameters(notebook: nbformat.NotebookNode, run: Path) -> nbformat.NotebookNode:

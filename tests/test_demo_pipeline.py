@@ -12,7 +12,6 @@ import pytest
 import yaml
 from conftest import SMALL_DEMO
 
-from cglib.cli import main as cli_main
 from cglib.config import deep_merge
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
@@ -21,15 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_demo_series_runs_end_to_end(tmp_path):
-    """Every numbered notebook runs headless on the demo profile; each stage leaves its documented files."""
+def test_demo_series_runs_end_to_end(full_small_run):
+    """Every numbered notebook runs headless on the demo profile; each stage leaves its documented files (the
+    session's run of the whole series, which the course's tests of notebooks 05-06 also read)."""
     params = deep_merge(yaml.safe_load((REPO / "params/demo.yaml").read_text()), SMALL_DEMO)
-    params["run"]["name"] = "e2e"
-    params_path = tmp_path / "params" / "e2e.yaml"
-    params_path.parent.mkdir()
-    params_path.write_text(yaml.safe_dump(params))
-    out = tmp_path / "run"
-    assert cli_main(["run", str(params_path), "--out", str(out)]) == 0
+    out = full_small_run
 
     manifest = json.loads((out / "run.json").read_text())
     expected = [p.name for p in discover_notebooks(default_notebook_dir())]
