@@ -21,6 +21,7 @@ go through `post_layernorm` and `visual_projection` as the pooled class token do
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -360,8 +361,9 @@ def draw_attention_models(pixels: np.ndarray, heat: np.ndarray, models: list[str
             axes[row, col].set_xlabel(f"cos {heat[row - 1, col].min():.2f}..{heat[row - 1, col].max():.2f}",
                                       fontsize=8)
         axes[row, 0].set_ylabel(model, fontsize=10)
-    fig.suptitle(title or f"where each model finds the l{level} concept (patch cosine to the concept name, one "
-                 "colour scale for all panels)", fontsize=11)
+    title = title or (f"where each model finds the l{level} concept (patch cosine to the concept name, one colour "
+                      "scale for all panels)")
+    fig.suptitle(textwrap.fill(title, int(14 * fig.get_figwidth())), fontsize=11)  # no wider than the panels
     fig.tight_layout()
     scale = plt.cm.ScalarMappable(norm=drawn.norm, cmap=drawn.cmap)  # opaque, unlike the overlays
     colorbar = fig.colorbar(scale, ax=axes.ravel().tolist(), shrink=0.6, pad=0.02)
