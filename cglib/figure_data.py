@@ -135,6 +135,8 @@ def _read_table(path: Path, types: dict[str, str]) -> pd.DataFrame:
     for column, kind in types.items():
         if kind in ("object:boolean", "object:mixed"):  # True/False (possibly with gaps) came back as text
             frame[column] = frame[column].map(lambda v: {"True": True, "False": False}.get(v, v))
+        elif kind in ("object:floating", "object:integer", "object:mixed-integer-float"):  # numbers with None
+            frame[column] = pd.to_numeric(frame[column]).astype(object).where(frame[column].notna(), None)
         elif not kind.startswith("object"):
             frame[column] = frame[column].astype(kind)
     return frame

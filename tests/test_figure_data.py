@@ -34,7 +34,8 @@ def _draw_everything(table: pd.DataFrame, image: np.ndarray, crops: list[np.ndar
 
 def _mixed_table() -> pd.DataFrame:
     return pd.DataFrame({"x": [1, 2, 3], "y": [0.5, np.nan, 1.5], "name": ["a", "NA", "c"],
-                         "flag": [True, False, True], "maybe": [True, np.nan, False], "level": ["l1", "caption", "l2"]},
+                         "flag": [True, False, True], "maybe": [True, np.nan, False], "level": ["l1", "caption", "l2"],
+                         "p": pd.Series([0.5, None, 2], dtype=object, index=["p", "q", "r"])},
                         index=pd.Index(["p", "q", "r"], name="key"))
 
 

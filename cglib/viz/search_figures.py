@@ -58,8 +58,9 @@ def draw_history(trials: pd.DataFrame) -> Figure:
     complete = per_trial[per_trial["state"] == "complete"]
     pruned = per_trial[(per_trial["state"] == "pruned") & per_trial.index.isin(last.index)]
     left.scatter(complete.index, complete["value"], color="C0", label="complete", zorder=3)
-    left.scatter(pruned.index, last.reindex(pruned.index), color="C3", marker="x", label="pruned (last epoch)",
-                 zorder=3)
+    if len(pruned):
+        left.scatter(pruned.index, last.reindex(pruned.index), color="C3", marker="x", label="pruned (last epoch)",
+                     zorder=3)
     if len(complete):
         left.step(complete.index, np.maximum.accumulate(complete["value"].to_numpy(float)), where="post", color="C1",
                   label="best so far")
