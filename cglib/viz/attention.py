@@ -346,8 +346,8 @@ def draw_attention_models(pixels: np.ndarray, heat: np.ndarray, models: list[str
     """The figure of `plot_attention_models` from the images (n, H, W, 3) and the patch-cosine maps (models, n,
     rows, cols); one colour scale (the maps' overall range) for every panel, with a colorbar."""
     limits = (float(heat.min()), float(heat.max()))
-    fig, axes = plt.subplots(1 + len(models), len(pixels), figsize=(2.0 * len(pixels) + 1.2,
-                                                                    2.0 * (1 + len(models)) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(1 + len(models), len(pixels), figsize=(1.8 * len(pixels) + 1.2,
+                                                                    1.8 * (1 + len(models)) + 0.6), squeeze=False)
     for col, (image, image_id, name) in enumerate(zip(pixels, image_ids, names)):
         axes[0, col].imshow(image)
         axes[0, col].set_xticks([])
