@@ -57,23 +57,31 @@ def draw_loss_curves(logs: pd.DataFrame) -> Figure:
     nrows = -(-n_panels // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.8 * ncols, 2.3 * nrows + 0.6), squeeze=False)
     for ax, run in zip(axes.flat, runs):
-        steps = logs[(logs["run"] == run) & (logs["phase"] == "train")]
+        steps = logs[(logs["run"] == run) & (logs["phase"] != "pretrain")]  # train, or re (HierarCaps' RE loss)
+        phases = sorted(set(steps["phase"]) - {"train"})
         for column, (label, color) in TERM_STYLES.items():
             values = steps[column]
             if values.notna().sum() == 0:  # the CLIP loss has no inner/outer parts
                 continue
             ax.plot(steps["step"], values, color=color, alpha=0.25, linewidth=0.7)
             ax.plot(steps["step"], _smooth(values), color=color, linewidth=1.6, label=label)
-        ax.set_title(run, fontsize=10)
+        ax.set_title(run + (f" ({', '.join(phases)} phase)" if phases else ""), fontsize=10)
+        if steps.empty:
+            ax.text(0.5, 0.5, "no training step logged", ha="center", va="center", transform=ax.transAxes)
     if len(pretrain):
         ax = axes.flat[len(runs)]
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for k, (run, rows) in enumerate(pretrain.groupby("run", sort=False)):
-            ax.plot(rows["step"], _smooth(rows["loss"]), color=colors[(k + 3) % len(colors)], linewidth=1.6,
-                    label=run)
-            last = rows.iloc[-1]
-            ax.annotate(run, (last["step"], _smooth(rows["loss"]).iloc[-1]), fontsize=7, xytext=(-2, 4),
-                        textcoords="offset points", ha="right", color=colors[(k + 3) % len(colors)])
+        # runs that share one text pretraining log the same curve: one line, every name on it
+        curves: dict[tuple, list[str]] = {}
+        for run, rows in pretrain.groupby("run", sort=False):
+            curves.setdefault(tuple(rows[["step", "loss"]].itertuples(index=False, name=None)), []).append(run)
+        for k, (curve, names) in enumerate(curves.items()):
+            rows = pd.DataFrame(list(curve), columns=["step", "loss"])
+            color = colors[(k + 3) % len(colors)]
+            ax.plot(rows["step"], _smooth(rows["loss"]), color=color, linewidth=1.6, label=", ".join(names))
+            ax.annotate("\n".join(names) + (" (identical)" if len(names) > 1 else ""),
+                        (rows["step"].iloc[-1], _smooth(rows["loss"]).iloc[-1]), fontsize=7, xytext=(-2, 4),
+                        textcoords="offset points", ha="right", va="bottom", color=color)
         ax.set_title("text pretraining (text-text loss)", fontsize=10)
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
