@@ -113,10 +113,25 @@ def _status(args: argparse.Namespace) -> int:
     return STATUS_EXIT.get(status, 1)
 
 
+def _figures_from_data(run_dir: Path, formats: str | None) -> int:
+    from cglib.viz.figures import replot_figures  # lazy: matplotlib
+
+    figures = run_dir / "figures" if (run_dir / "figures").is_dir() else run_dir
+    try:
+        report = replot_figures(figures, formats=formats.split(",") if formats else ("png", "pdf"))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(report.written)} figure files written under {figures}")
+    return 1 if report.failed else 0
+
+
 def _figures(args: argparse.Namespace) -> int:
     from cglib.viz.figures import FigureFailures, regenerate_figures  # lazy: torch; keeps cglib --help light
 
     run_dir = Path(args.run_dir)
+    if args.from_data:
+        return _figures_from_data(run_dir, args.formats)
     if not (run_dir / "params.yaml").is_file():
         print(f"error: {run_dir} is not a run directory (no params.yaml); pass outputs/<run>", file=sys.stderr)
         return 2
@@ -385,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("figures", help="rebuild every figure of a finished run without retraining")
     p.add_argument("run_dir")
     p.add_argument("--formats", help="comma-separated, e.g. png,pdf (default: viz.formats of the run)")
+    p.add_argument("--from-data", action="store_true",
+                   help="redraw each figure from its saved data alone (figures/<stem>.csv, .npz, .figure.json): no "
+                   "model, result or params file is read; RUN_DIR may also be a folder holding only those files")
     p.set_defaults(func=_figures)
 
     p = sub.add_parser("compare-protocols", help="what the training corrections change: Table 3 of two finished "

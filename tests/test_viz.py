@@ -178,10 +178,11 @@ def test_attention_comparison_puts_models_side_by_side_on_the_same_images(data, 
     ids = choose_attention_images(magic, 4)
     pixels, chains = dataset.subset(ids).pixels, [magic.chain_names(i) for i in ids]
     fig = plot_attention_models({"zero-shot": tiny_vit, "clip": tiny_clip}, pixels, chains, ids, level=2)
-    assert len(fig.axes) == 3 * 4
+    assert len(fig.axes) == 3 * 4 + 1  # and the shared colorbar
     assert fig.axes[0].get_title() == f"{ids[0]}\nl2: {chains[0][1]}"
     assert [fig.axes[4 * row].get_ylabel() for row in range(3)] == ["image", "zero-shot", "clip"]
-    assert all(ax.get_xlabel().startswith("cos ") for ax in fig.axes[4:])
+    assert all(ax.get_xlabel().startswith("cos ") for ax in fig.axes[4:12])
+    assert len({ax.images[1].get_clim() for ax in fig.axes[4:12]}) == 1  # one colour scale for every map
     short = plot_attention_models({"a": tiny_vit}, pixels[:1], [chains[0][:1]], ids[:1], level=3)
     assert short.axes[0].get_title().endswith(f"l3: {chains[0][0]}")
     with pytest.raises(ValueError, match="one of each per image"):

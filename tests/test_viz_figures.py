@@ -111,8 +111,9 @@ def test_partial_run_skips_figures_with_reasons(tmp_path, capsys):
     printed reason, and nothing raises."""
     run = _run_with_data(tmp_path)
     report = build_figures(run.dir, formats=["png"])
-    written = {p.name for p in report.written}
+    written = {p.name for p in report.written if p.suffix == ".png"}
     assert written == {f"{STEMS['caption_lengths']}.png", f"{STEMS['image_grid']}.png"}
+    assert f"{STEMS['image_grid']}.figure.json" in {p.name for p in report.written}  # and their data
     assert report.failed == {}
     expected_skips = (set(_expected_stems()) - {STEMS["caption_lengths"], STEMS["image_grid"]}
                       | {STEMS["taxonomy"], STEMS["search_history"], STEMS["search_importances"]})

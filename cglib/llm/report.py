@@ -7,6 +7,7 @@ from collections import Counter
 import pandas as pd
 from matplotlib.figure import Figure
 
+from cglib.figure_data import replottable
 from cglib.llm.cache import rebuilt_message
 from cglib.llm.chains import chain_agreement, level_counts
 from cglib.llm.engine import AbstractionResult
@@ -16,22 +17,30 @@ def abstraction_figure(chains: dict[str, list[str]], l_max: int, ground_truth: d
                        top: int = 15) -> Figure:
     """Distinct concepts per level (beside the ground truth's), the most common l1 concepts, and, with ground
     truth, the agreement per level."""
+    counts = pd.DataFrame(level_counts(chains, l_max))
+    agreement = pd.DataFrame(chain_agreement(chains, ground_truth, l_max)) if ground_truth is not None else None
+    l1 = pd.DataFrame(Counter(c[0] for c in chains.values() if c).most_common(top), columns=["concept", "images"])
+    return draw_abstraction(counts, l1, agreement)
+
+
+@replottable
+def draw_abstraction(counts: pd.DataFrame, l1: pd.DataFrame, agreement: pd.DataFrame | None = None) -> Figure:
+    """The figure of `abstraction_figure` from `level_counts`, the most common l1 concepts (concept, images) and,
+    with ground truth, `chain_agreement`."""
     import matplotlib.pyplot as plt
 
-    panels = 3 if ground_truth is not None else 2
+    panels = 3 if agreement is not None else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
-    counts = pd.DataFrame(level_counts(chains, l_max))
     levels = [f"l{k}" for k in counts["level"]]
     axes[0].bar(levels, counts["distinct_concepts"], label="chains")
-    if ground_truth is not None:
-        agree = pd.DataFrame(chain_agreement(chains, ground_truth, l_max))
+    if agreement is not None:
+        agree = agreement
         axes[0].plot(levels, agree["distinct_truth"], "o--", color="black", label="ground truth")
         axes[0].legend()
     axes[0].set(title="distinct concepts per level", ylabel="concepts")
-    l1 = Counter(c[0] for c in chains.values() if c).most_common(top)
-    axes[1].barh([name for name, _ in l1][::-1], [n for _, n in l1][::-1])
+    axes[1].barh(l1["concept"].tolist()[::-1], l1["images"].tolist()[::-1])
     axes[1].set(title=f"most common l1 concepts (top {len(l1)})", xlabel="images")
-    if ground_truth is not None:
+    if agreement is not None:
         axes[2].bar(levels, agree["accuracy"])
         axes[2].set(title="agreement with ground truth", ylabel="accuracy", ylim=(0, 1.1))
         for x, y in zip(levels, agree["accuracy"]):

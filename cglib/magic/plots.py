@@ -8,19 +8,28 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from cglib.figure_data import replottable
 from cglib.magic.calibration import level_thresholds, nearest_neighbour_cosines
 from cglib.magic.schema import MagicFile
 
 
 def plot_level_distributions(magic: MagicFile, size_min: int | None = None) -> Figure:
     """One panel per level: histogram of images per node (log scale), with the size_min line."""
-    levels = list(range(1, magic.l_max + 1))
+    nodes = pd.DataFrame([{"level": k, "node": n.id, "n_images": n.n_images} for k in range(1, magic.l_max + 1)
+                          for n in magic.nodes_at(k)], columns=["level", "node", "n_images"])
+    return draw_level_distributions(nodes, magic.l_max, size_min)
+
+
+@replottable
+def draw_level_distributions(nodes: pd.DataFrame, l_max: int, size_min: int | None = None) -> Figure:
+    """The figure of `plot_level_distributions` from one row per node (level, node, n_images)."""
+    levels = list(range(1, l_max + 1))
     fig, axes = plt.subplots(1, len(levels) + 1, figsize=(3.2 * (len(levels) + 1), 3.0))
-    counts = [len(magic.nodes_at(k)) for k in levels]
+    counts = [int((nodes["level"] == k).sum()) for k in levels]
     axes[0].bar([f"l{k}" for k in levels], counts, color="C0")
     axes[0].set(title="nodes per level", ylabel="nodes")
     for ax, k in zip(axes[1:], levels):
-        sizes = np.array([n.n_images for n in magic.nodes_at(k)])
+        sizes = nodes.loc[nodes["level"] == k, "n_images"].to_numpy(int)
         bins = np.logspace(0, np.log10(max(2, sizes.max(initial=1)) + 1), 20)
         ax.hist(np.maximum(sizes, 1), bins=bins, color=f"C{k}")
         ax.set_xscale("log")
@@ -81,15 +90,32 @@ def draw_subtree(magic: MagicFile, root: str, max_per_node: int = 6) -> Figure:
     """Draw a subtree level by level (root on top): edge width ~ supporting images, minority edges dashed."""
     graph = subtree(magic, root, max_per_node)
     pos = _level_layout(magic, graph, root)
-    widest = max(sum(1 for _, lvl in graph.nodes(data="level") if lvl == k) for k in range(1, magic.l_max + 1))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * widest), 1.6 * (magic.nodes[root].level + 1)))
+    nodes = pd.DataFrame([{"node": n, **graph.nodes[n], "x": pos[n][0], "y": pos[n][1]} for n in graph])
+    edges = pd.DataFrame([{"child": u, "parent": v, **graph.edges[u, v]} for u, v in graph.edges],
+                         columns=["child", "parent", "count", "primary"])
+    return draw_subtree_tables(nodes, edges, root, magic.l_max)
+
+
+@replottable
+def draw_subtree_tables(nodes: pd.DataFrame, edges: pd.DataFrame, root: str, l_max: int) -> Figure:
+    """The figure of `draw_subtree` from its node table (node, level, name, n_images, x, y) and edge table
+    (child, parent, count, primary)."""
+    graph = nx.DiGraph()
+    for _, row in nodes.iterrows():
+        graph.add_node(row["node"], level=int(row["level"]), name=row["name"], n_images=int(row["n_images"]))
+    for _, row in edges.iterrows():
+        graph.add_edge(row["child"], row["parent"], count=int(row["count"]), primary=bool(row["primary"]))
+    pos = {row["node"]: (float(row["x"]), float(row["y"])) for _, row in nodes.iterrows()}
+    root_level, root_images = graph.nodes[root]["level"], graph.nodes[root]["n_images"]
+    widest = max(sum(1 for _, lvl in graph.nodes(data="level") if lvl == k) for k in range(1, l_max + 1))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * widest), 1.6 * (root_level + 1)))
     top = max(c for _, _, c in graph.edges(data="count")) if graph.number_of_edges() else 1
     for primary, style in ((True, "solid"), (False, "dashed")):
         edges = [(u, v) for u, v, p in graph.edges(data="primary") if p == primary]
         nx.draw_networkx_edges(graph, pos, edgelist=edges, ax=ax, style=style, arrows=True, arrowsize=8,
                                width=[0.5 + 3.0 * graph.edges[e]["count"] / top for e in edges],
                                edge_color="0.35" if primary else "C3")
-    sizes = [120 + 600 * np.sqrt(graph.nodes[n]["n_images"] / max(1, magic.nodes[root].n_images)) for n in graph]
+    sizes = [120 + 600 * np.sqrt(graph.nodes[n]["n_images"] / max(1, root_images)) for n in graph]
     colours = [f"C{graph.nodes[n]['level']}" for n in graph]
     nx.draw_networkx_nodes(graph, pos, ax=ax, node_size=sizes, node_color=colours, alpha=0.85)
     labels = {n: f"{graph.nodes[n]['name']}\n({graph.nodes[n]['n_images']})" for n in graph}
@@ -139,6 +165,15 @@ def plot_nearest_neighbour_cosines(magic: MagicFile, threshold: float | str | No
     row)."""
     table = nearest_neighbour_cosines(magic)
     thresholds = level_thresholds(magic, threshold)
+    return draw_nearest_neighbour_cosines(
+        table, pd.DataFrame({"level": list(thresholds), "threshold": list(thresholds.values())}))
+
+
+@replottable
+def draw_nearest_neighbour_cosines(table: pd.DataFrame, thresholds: pd.DataFrame) -> Figure:
+    """The figure of `plot_nearest_neighbour_cosines` from `calibration.nearest_neighbour_cosines`' table and
+    the threshold per level (level, threshold)."""
+    thresholds = dict(zip(thresholds["level"].astype(int), thresholds["threshold"].astype(float)))
     levels = sorted(table["level"].unique())
     cols = min(4, len(levels))
     rows = -(-len(levels) // cols)

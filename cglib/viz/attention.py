@@ -21,6 +21,7 @@ go through `post_layernorm` and `visual_projection` as the pooled class token do
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from matplotlib.figure import Figure
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
 from cglib.encoding import encode_texts, pixels_to_tensor
+from cglib.figure_data import replottable
 from cglib.hf_clip import HFVisual
 from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel
@@ -237,18 +239,23 @@ def choose_attention_images(magic: MagicFile, n: int, split: str = "test") -> li
 
 # ----------------------------------------------------------------------------------------- drawing
 def overlay(ax: plt.Axes, image: np.ndarray, heat: np.ndarray | torch.Tensor, alpha: float = 0.55,
-            title: str | None = None) -> None:
-    """Draw a patch-grid heat map (min-max scaled) over an image, smoothly upsampled to the image's extent."""
+            title: str | None = None, limits: tuple[float, float] | None = None):
+    """Draw a patch-grid heat map over an image, smoothly upsampled to the image's extent: min-max scaled on its
+    own, or on the shared `limits` (vmin, vmax) of the panels it is compared with; return the heat map's image."""
     heat = np.asarray(heat, dtype=np.float32)
-    span = float(heat.max() - heat.min())
-    scaled = (heat - heat.min()) / span if span > 0 else np.zeros_like(heat)
+    if limits is None:
+        span = float(heat.max() - heat.min())
+        heat = (heat - heat.min()) / span if span > 0 else np.zeros_like(heat)
+        limits = (0.0, 1.0)
     h, w = image.shape[:2]
     ax.imshow(image, extent=(0, w, h, 0))
-    ax.imshow(scaled, cmap=MAP_CMAP, alpha=alpha, extent=(0, w, h, 0), interpolation="bilinear", vmin=0, vmax=1)
+    drawn = ax.imshow(heat, cmap=MAP_CMAP, alpha=alpha, extent=(0, w, h, 0), interpolation="bilinear",
+                      vmin=limits[0], vmax=limits[1])
     ax.set_xticks([])
     ax.set_yticks([])
     if title:
         ax.set_title(title, fontsize=9)
+    return drawn
 
 
 def plot_attention_grid(bundle: ClipModel, pixels: np.ndarray, chains: Sequence[Sequence[str]],
@@ -288,6 +295,14 @@ def plot_attention_heads(bundle: ClipModel, image: np.ndarray, title: str | None
     """Class-token attention of one image for every layer (rows) and head (columns), plus the head mean."""
     maps = extract_attention(bundle, image[None])
     cls = maps.cls_attention()[:, 0].numpy()  # (layers, heads, rows, cols)
+    return draw_attention_heads(np.asarray(image), cls, title or f"{bundle.name}: class-token attention per layer "
+                                "and head")
+
+
+@replottable
+def draw_attention_heads(image: np.ndarray, cls: np.ndarray, title: str) -> Figure:
+    """The figure of `plot_attention_heads` from the image and its class-token attention maps (layers, heads,
+    rows, cols); each map min-max scaled on its own (heads differ in sharpness by orders of magnitude)."""
     layers, heads = cls.shape[:2]
     fig, axes = plt.subplots(layers, heads + 1, figsize=(max(5.5, 1.5 * (heads + 1)), 1.5 * layers + 0.7),
                              squeeze=False)
@@ -298,7 +313,7 @@ def plot_attention_heads(bundle: ClipModel, image: np.ndarray, title: str | None
             if layer == 0:
                 axes[layer, head].set_title("mean" if head == heads else f"head {head}", fontsize=8)
         axes[layer, 0].set_ylabel(f"layer {layer}", fontsize=8)
-    fig.suptitle(title or f"{bundle.name}: class-token attention per layer and head", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -307,31 +322,50 @@ def plot_attention_models(bundles: dict[str, ClipModel], pixels: np.ndarray, cha
                           image_ids: Sequence[str], level: int = 1, title: str | None = None) -> Figure:
     """Models side by side on the same images: columns are the images (top row: the image and its l`level`
     concept), each further row one model's text-conditioned map of that concept (patch cosine to the concept
-    name, min-max scaled per panel, cosine range below). Keep the images to 4 or fewer, so a row stays readable."""
+    name, on one colour scale shared by every panel, with its colorbar, so that the models can be compared; the
+    panel's own range below). Keep the images to 4 or fewer, so a row stays readable."""
     if len(pixels) != len(chains) or len(pixels) != len(image_ids):
         raise ValueError(f"{len(pixels)} images, {len(chains)} chains and {len(image_ids)} ids; give one of each per "
                          "image")
     if not bundles or not len(pixels):
         raise ValueError("no model or no image to draw; pass at least one of each")
     names = [chain[min(level, len(chain)) - 1] for chain in chains]  # a short chain: its most abstract concept
-    fig, axes = plt.subplots(1 + len(bundles), len(pixels), figsize=(2.6 * len(pixels) + 0.6,
-                                                                     2.6 * (1 + len(bundles)) + 0.4), squeeze=False)
+    heat = []
+    for bundle in bundles.values():
+        maps = extract_attention(bundle, pixels)
+        unique = sorted(set(names))
+        embedded = dict(zip(unique, encode_texts(bundle, unique)))
+        heat.append(np.stack([maps.text_maps(embedded[name])[col].numpy() for col, name in enumerate(names)]))
+    return draw_attention_models(np.asarray(pixels), np.stack(heat), list(bundles), list(image_ids), names, level,
+                                 title)
+
+
+@replottable
+def draw_attention_models(pixels: np.ndarray, heat: np.ndarray, models: list[str], image_ids: list[str],
+                          names: list[str], level: int = 1, title: str | None = None) -> Figure:
+    """The figure of `plot_attention_models` from the images (n, H, W, 3) and the patch-cosine maps (models, n,
+    rows, cols); one colour scale (the maps' overall range) for every panel, with a colorbar."""
+    limits = (float(heat.min()), float(heat.max()))
+    fig, axes = plt.subplots(1 + len(models), len(pixels), figsize=(1.8 * len(pixels) + 1.2,
+                                                                    1.8 * (1 + len(models)) + 0.6), squeeze=False)
     for col, (image, image_id, name) in enumerate(zip(pixels, image_ids, names)):
         axes[0, col].imshow(image)
         axes[0, col].set_xticks([])
         axes[0, col].set_yticks([])
-        axes[0, col].set_title(f"{image_id}\nl{level}: {name}", fontsize=10)
-    axes[0, 0].set_ylabel("image", fontsize=11)
-    for row, (model, bundle) in enumerate(bundles.items(), start=1):
-        maps = extract_attention(bundle, pixels)
-        unique = sorted(set(names))
-        embedded = dict(zip(unique, encode_texts(bundle, unique)))
-        for col, (image, name) in enumerate(zip(pixels, names)):
-            heat = maps.text_maps(embedded[name])[col].numpy()
-            overlay(axes[row, col], image, heat)
-            axes[row, col].set_xlabel(f"cos {heat.min():.2f}..{heat.max():.2f}", fontsize=9)
-        axes[row, 0].set_ylabel(model, fontsize=11)
-    fig.suptitle(title or f"where each model finds the l{level} concept (patch cosine to the concept name; "
-                 "brighter = closer)", fontsize=12)
+        axes[0, col].set_title(f"{image_id}\nl{level}: {name}", fontsize=9)
+    axes[0, 0].set_ylabel("image", fontsize=10)
+    drawn = None
+    for row, model in enumerate(models, start=1):
+        for col, image in enumerate(pixels):
+            drawn = overlay(axes[row, col], image, heat[row - 1, col], limits=limits)
+            axes[row, col].set_xlabel(f"cos {heat[row - 1, col].min():.2f}..{heat[row - 1, col].max():.2f}",
+                                      fontsize=8)
+        axes[row, 0].set_ylabel(model, fontsize=10)
+    title = title or (f"where each model finds the l{level} concept (patch cosine to the concept name, one colour "
+                      "scale for all panels)")
+    fig.suptitle(textwrap.fill(title, int(14 * fig.get_figwidth())), fontsize=11)  # no wider than the panels
     fig.tight_layout()
+    scale = plt.cm.ScalarMappable(norm=drawn.norm, cmap=drawn.cmap)  # opaque, unlike the overlays
+    colorbar = fig.colorbar(scale, ax=axes.ravel().tolist(), shrink=0.6, pad=0.02)
+    colorbar.set_label("patch cosine to the concept name", fontsize=9)
     return fig

@@ -21,6 +21,7 @@ from matplotlib.lines import Line2D
 
 from cglib.evaluate.multiplicity import holm
 from cglib.evaluate.report import is_percent, model_label, objective_family
+from cglib.figure_data import replottable
 
 # Okabe-Ito colours (distinct under the common colour-vision deficiencies), one hue per objective family.
 FAMILY_COLORS = {"none": "#000000", "clip": "#0072B2", "group": "#D55E00", "text": "#009E73", "zoo": "#CC79A7"}
@@ -130,6 +131,7 @@ def legend_below(fig: Figure, handles: list, ncol: int) -> None:
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False)
 
 
+@replottable
 def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "forced_choice",
                                    metric: str = "accuracy", direction: str = "t2i",
                                    labels: Sequence[str] | None = None, levels: Sequence[str] | None = None,
@@ -190,6 +192,7 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
     return fig
 
 
+@replottable
 def plot_gains(gains: pd.DataFrame, questions: Mapping[str, str] | None = None,
                panel_size: tuple[float, float] = (3.1, 0.32)) -> Figure:
     """The paper's gain rows as a figure: one panel per gain (at most 4 a row, titled by its question when given),

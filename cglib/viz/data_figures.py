@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from cglib.data.dataset import CaptionDataset, ImageLoadError
 from cglib.data.taxonomy import Taxonomy
+from cglib.figure_data import replottable
 
 
 def caption_statistics(dataset: CaptionDataset) -> dict:
@@ -50,12 +51,20 @@ def statistics_table(stats: dict) -> pd.DataFrame:
 
 def caption_length_figure(dataset: CaptionDataset) -> Figure:
     """Histogram of caption lengths in words."""
-    lengths = [len(c.split()) for i in dataset.image_ids for c in dataset.captions[i]]
+    lengths = pd.DataFrame([{"image_id": i, "words": len(c.split())} for i in dataset.image_ids
+                            for c in dataset.captions[i]])
+    return draw_caption_lengths(lengths, dataset.source)
+
+
+@replottable
+def draw_caption_lengths(lengths: pd.DataFrame, source: str) -> Figure:
+    """Histogram of the `words` column (one row per caption), one bar per length."""
+    words = lengths["words"].to_numpy(int)
     fig, ax = plt.subplots(figsize=(5, 3))
-    ax.hist(lengths, bins=np.arange(min(lengths), max(lengths) + 2) - 0.5)
+    ax.hist(words, bins=np.arange(words.min(), words.max() + 2) - 0.5)
     ax.set_xlabel("words per caption")
     ax.set_ylabel("captions")
-    ax.set_title(f"Caption length ({dataset.source}, {len(lengths):,} captions)")
+    ax.set_title(f"Caption length ({source}, {len(words):,} captions)")
     return fig
 
 
@@ -70,28 +79,44 @@ def image_grid(dataset: CaptionDataset, n: int = 12, columns: int = 4, seed: int
                ground_truth: dict[str, list[str]] | None = None, caption_width: int = 34,
                caption_lines: int = 3) -> Figure:
     """A grid of `n` random images, each with its first caption (and its ground-truth l1 concept when given)."""
-    image_ids = sample_ids(dataset, n, seed)
-    rows = int(np.ceil(len(image_ids) / columns))
+    rows, images = [], []
+    for image_id in sample_ids(dataset, n, seed):
+        try:
+            images.append(np.asarray(dataset.load_image(image_id)))
+            readable = True
+        except ImageLoadError:
+            readable = False
+        rows.append({"image_id": image_id, "caption": dataset.captions[image_id][0], "readable": readable,
+                     "label": ground_truth[image_id][0] if ground_truth is not None else ""})
+    return draw_image_grid(pd.DataFrame(rows), images, dataset.source, columns=columns,
+                           labelled=ground_truth is not None, caption_width=caption_width,
+                           caption_lines=caption_lines)
+
+
+@replottable
+def draw_image_grid(shown: pd.DataFrame, images: list[np.ndarray], source: str, columns: int = 4,
+                    labelled: bool = False, caption_width: int = 34, caption_lines: int = 3) -> Figure:
+    """The grid of `image_grid`: `shown` has one row per cell (image_id, caption, readable, label); `images` holds
+    the readable ones' pixels in the same order."""
+    rows = int(np.ceil(len(shown) / columns))
     fig, axes = plt.subplots(rows, columns, figsize=(2.8 * columns, 3.3 * rows), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
-    skipped = 0
-    for ax, image_id in zip(axes.ravel(), image_ids):
-        try:
-            image = dataset.load_image(image_id)
-        except ImageLoadError:
-            skipped += 1
-            ax.text(0.5, 0.5, f"{image_id}\n(unreadable)", ha="center", va="center", transform=ax.transAxes)
+    pixels = iter(images)
+    for ax, (_, row) in zip(axes.ravel(), shown.iterrows()):
+        if not row["readable"]:
+            ax.text(0.5, 0.5, f"{row['image_id']}\n(unreadable)", ha="center", va="center", transform=ax.transAxes)
             continue
-        ax.imshow(image, interpolation="nearest")
-        lines = textwrap.wrap(dataset.captions[image_id][0], caption_width)
+        ax.imshow(next(pixels), interpolation="nearest")
+        lines = textwrap.wrap(row["caption"], caption_width)
         caption = "\n".join(lines[:caption_lines]) + (" ..." if len(lines) > caption_lines else "")
         ax.set_title(caption, fontsize=8, loc="left")
-        if ground_truth is not None:
-            ax.text(0.02, 0.02, ground_truth[image_id][0], transform=ax.transAxes, fontsize=8, color="white",
+        if labelled:
+            ax.text(0.02, 0.02, row["label"], transform=ax.transAxes, fontsize=8, color="white",
                     bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.5, "edgecolor": "none"})
-    fig.suptitle(f"{dataset.source}: {len(image_ids)} random images with one caption each"
-                 + (" (label: ground-truth l1 concept, never in a caption)" if ground_truth is not None else "")
+    skipped = int((~shown["readable"].astype(bool)).sum())
+    fig.suptitle(f"{source}: {len(shown)} random images with one caption each"
+                 + (" (label: ground-truth l1 concept, never in a caption)" if labelled else "")
                  + (f"; {skipped} unreadable" if skipped else ""), fontsize=10)
     fig.tight_layout()
     return fig
@@ -153,21 +178,38 @@ def taxonomy_figure(taxonomy: Taxonomy) -> Figure:
         for node in taxonomy.names(level):
             ys = [pos[c][1] for c in graph.successors(node)]
             pos[node] = (float(level), float(np.mean(ys)))
-    fig, ax = plt.subplots(figsize=(13, 0.2 * len(leaves) + 1.0))
-    nx.draw_networkx_edges(graph, pos, ax=ax, arrows=False, edge_color="#999999", width=0.8)
-    palette = plt.get_cmap("tab10")
     tops = taxonomy.names(taxonomy.levels)
-    for node, (x, y) in pos.items():
-        top = taxonomy.chain(next(leaf for leaf in leaves if node in taxonomy.chain(leaf)))[-1]
+    nodes = pd.DataFrame([{"name": node, "level": graph.nodes[node]["level"],
+                           "parent": taxonomy.parents.get(node, ""), "x": x, "y": y,
+                           "top": tops.index(taxonomy.chain(next(leaf for leaf in leaves
+                                                                 if node in taxonomy.chain(leaf)))[-1])}
+                          for node, (x, y) in pos.items()])
+    return draw_taxonomy(nodes)
+
+
+@replottable
+def draw_taxonomy(nodes: pd.DataFrame) -> Figure:
+    """The drawing of `taxonomy_figure` from its node table (name, level, parent, x, y, top: index of the
+    top-level ancestor, which picks the colour)."""
+    levels = int(nodes["level"].max())
+    n_leaves = int((nodes["level"] == 1).sum())
+    at = {row["name"]: (row["x"], row["y"]) for _, row in nodes.iterrows()}
+    fig, ax = plt.subplots(figsize=(13, 0.2 * n_leaves + 1.0))
+    for _, row in nodes.iterrows():
+        if row["parent"] in at:
+            (x0, y0), (x1, y1) = at[row["parent"]], at[row["name"]]
+            ax.plot([x0, x1], [y0, y1], color="#999999", linewidth=0.8, zorder=1)
+    palette = plt.get_cmap("tab10")
+    for _, row in nodes.iterrows():
         # An opaque label box hides the edge under the label, so edges seem to leave from the label's end.
-        ax.text(x, y, node, fontsize=7 if graph.nodes[node]["level"] == 1 else 8, va="center", ha="left",
-                color=palette(tops.index(top) % 10), zorder=3,
+        ax.text(row["x"], row["y"], row["name"], fontsize=7 if row["level"] == 1 else 8, va="center", ha="left",
+                color=palette(int(row["top"]) % 10), zorder=3,
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
-    for level in range(1, taxonomy.levels + 1):
-        ax.text(level, 1.2, f"l{level} ({len(taxonomy.names(level))} nodes)", fontsize=10, fontweight="bold",
-                ha="left", va="bottom")
-    ax.set_xlim(0.9, taxonomy.levels + 0.9)
-    ax.set_ylim(-len(leaves), 2.5)
+    for level in range(1, levels + 1):
+        ax.text(level, 1.2, f"l{level} ({int((nodes['level'] == level).sum())} nodes)", fontsize=10,
+                fontweight="bold", ha="left", va="bottom")
+    ax.set_xlim(0.9, levels + 0.9)
+    ax.set_ylim(-n_leaves, 2.5)
     ax.axis("off")
     ax.set_title("Ground-truth concept taxonomy of the synthetic world")
     fig.tight_layout()

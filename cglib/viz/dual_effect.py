@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
+from cglib.figure_data import replottable
 from cglib.losses import centroid_group_loss, clip_loss, pairwise_group_loss
 from cglib.train.objectives import OBJECTIVES, GroupFeatures, objective_with
 
@@ -140,6 +141,24 @@ def plot_dual_effect(results: list[DualEffect]) -> Figure:
         raise ValueError(f"plot_dual_effect draws 3-D points, got dimension {results[0].image_before.shape[-1]}")
     panels = [("start", results[0].image_before, results[0].text_before)]
     panels += [(f"after {r.loss}", r.image_after, r.text_after) for r in results]
+    rows = [{"panel": name, "modality": modality, "group": g, "pair": k, "x": p[0], "y": p[1], "z": p[2]}
+            for name, image, text in panels for modality, points in (("image", image), ("text", text))
+            for g, group in enumerate(points) for k, p in enumerate(group)]
+    return draw_dual_effect(pd.DataFrame(rows))
+
+
+def _points(rows: pd.DataFrame) -> np.ndarray:
+    """(groups, pairs, 3) unit vectors of one panel and modality of `draw_dual_effect`'s table."""
+    ordered = rows.sort_values(["group", "pair"])
+    return ordered[["x", "y", "z"]].to_numpy(float).reshape(ordered["group"].nunique(), -1, 3)
+
+
+@replottable
+def draw_dual_effect(points: pd.DataFrame) -> Figure:
+    """The figure of `plot_dual_effect` from one row per point (panel, modality, group, pair, x, y, z)."""
+    names = list(dict.fromkeys(points["panel"]))
+    panels = [(name, _points(points[(points["panel"] == name) & (points["modality"] == "image")]),
+               _points(points[(points["panel"] == name) & (points["modality"] == "text")])) for name in names]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.1 * len(panels), 3.6))
     for ax, (name, image, text) in zip(np.atleast_1d(axes), panels, strict=True):
         geometry = group_geometry(image, text)

@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from cglib.figure_data import replottable
 from cglib.viz.compare import (
     DIRECTION_TITLES,
     PANELS_PER_ROW,
@@ -48,6 +49,7 @@ def seed_lines(seeds: pd.DataFrame | None, benchmark: str, metric: str, directio
 SOURCE_STYLES = {"dag": ("-", "o"), "ground_truth": ("--", "s"), "hierarcaps": ("-.", "^"), "captions": ("-.", "D")}
 
 
+@replottable
 def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choice", metric: str = "accuracy",
                            direction: str = "t2i", labels: Sequence[str] | None = None,
                            levels: Sequence[str] | None = None, models: Sequence[str] | None = None,

@@ -6,6 +6,10 @@ matplotlib figure; notebook 07 and `regenerate_figures` call the same functions.
 yet (a partial run) is skipped with its reason printed and counted; figures are written to `figures/` as
 `viz.formats` (PNG and PDF by default) in the project style (`cglib.viz.style`), with `figures/manifest.json`
 listing what was written and skipped, with provenance.
+
+Every figure drawn by a `@replottable` function also leaves its data beside it (`<stem>.csv`, `<stem>.figure.json`,
+arrays in `<stem>.npz`; `cglib.figure_data`), the notebooks' own figures included. `replot_figures` (`cglib figures
+RUN_DIR --from-data`) redraws every figure from those files alone: no model, result or params file is read.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from cglib.data.dataset import load_ground_truth
 from cglib.data.taxonomy import load_taxonomy
 from cglib.evaluate.questions import QUESTIONS
 from cglib.evaluate.results import EvalResults, load_results
+from cglib.figure_data import SPEC_SUFFIX, data_files, replot, saved_stems
 from cglib.run import provenance, write_json
 from cglib.search.study import SUMMARY, open_study, workspace
 from cglib.viz.attention import (
@@ -41,8 +46,8 @@ from cglib.viz.data_figures import caption_length_figure, image_grid
 from cglib.viz.data_figures import taxonomy_figure as draw_taxonomy
 from cglib.viz.eval_figures import plot_accuracy_by_level
 from cglib.viz.explorer import ConceptExplorer, build_explorer
-from cglib.viz.search_figures import history_figure, importance_figure
-from cglib.viz.style import apply_style
+from cglib.viz.search_figures import NO_IMPORTANCES, history_figure, importance_figure
+from cglib.viz.style import apply_style, save_figure
 from cglib.viz.training_figures import plot_loss_curves
 from cglib.viz.umap_centroids import (
     plot_measured_dual_effect,
@@ -198,7 +203,10 @@ def search_history_figure(vr: VizRun) -> Figure:
 
 def search_importances_figure(vr: VizRun) -> Figure:
     """Notebook 08: parameter importances of the search (fANOVA, the sampler's seed)."""
-    return importance_figure(search_study(vr), seed=vr.params.search.sampler_seed)
+    fig = importance_figure(search_study(vr), seed=vr.params.search.sampler_seed)
+    if fig is None:
+        raise MissingInput(NO_IMPORTANCES)
+    return fig
 
 
 # File stems follow the notebooks' `NN_name` convention, so a regeneration overwrites the notebooks' own files.
@@ -279,10 +287,11 @@ def build_figures(run_dir: str | Path, formats: Sequence[str] | None = None, pro
             _say(progress, f"FAILED {stem}: {type(exc).__name__}: {exc}")
             continue
         report.written += vr.save(fig, stem, formats)
+        report.written += data_files(vr.dir / "figures", stem)
         plt.close(fig)
         report.seconds[stem] = round(time.perf_counter() - start, 2)
         _say(progress, f"wrote {stem} ({report.seconds[stem]:.1f} s)")
-        if stem == STEMS["dual_effect"]:
+        if stem == STEMS["dual_effect"] and not (vr.dir / "figures" / DUAL_EFFECT_TABLE).is_file():
             report.written.append(save_dual_effect_table(vr))
     write_json(vr.dir / "figures" / MANIFEST, {
         "written": [str(p.relative_to(vr.dir)) for p in report.written], "skipped": report.skipped,
@@ -303,6 +312,37 @@ def regenerate_figures(run_dir: str | Path, formats: Sequence[str] | None = None
         raise FigureFailures(f"{len(report.failed)} figures failed ({len(report.written)} files were written):\n"
                              f"{lines}")
     return report.written
+
+
+def replot_figures(figures_dir: str | Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 150,
+                   progress: bool = True) -> FigureReport:
+    """Redraw every figure under `figures_dir` from its saved data alone (`<stem>.figure.json` and the files it
+    names), over the figure's images in `formats`; a figure whose data cannot be read or drawn is reported as
+    failed and the others are still drawn."""
+    import matplotlib.pyplot as plt
+
+    figures_dir = Path(figures_dir)
+    stems = saved_stems(figures_dir)
+    if not stems:
+        raise FileNotFoundError(f"no *{SPEC_SUFFIX} under {figures_dir}: the figures were saved without their data "
+                                "(by a cglib before figure data existed); run `cglib figures RUN_DIR` once to "
+                                "rebuild them from the run's results and write their data")
+    apply_style()
+    report = FigureReport()
+    for stem in stems:
+        start = time.perf_counter()
+        try:
+            fig = replot(figures_dir / f"{stem}{SPEC_SUFFIX}")
+            report.written += save_figure(fig, figures_dir, stem, formats=formats, dpi=dpi)
+        except Exception as exc:  # noqa: BLE001 - one unreadable figure must not stop the others; reported below
+            report.failed[stem] = f"{type(exc).__name__}: {exc}"
+            _say(progress, f"FAILED {stem}: {type(exc).__name__}: {exc}")
+            continue
+        plt.close(fig)
+        report.seconds[stem] = round(time.perf_counter() - start, 2)
+        _say(progress, f"redrew {stem} ({report.seconds[stem]:.1f} s)")
+    _say(progress, f"{len(stems) - len(report.failed)} figures redrawn from their data, {len(report.failed)} failed")
+    return report
 
 
 def _say(progress: bool, message: str) -> None:

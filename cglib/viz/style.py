@@ -1,4 +1,5 @@
-"""One look for every figure (colour-blind-safe palette, readable fonts) and one way to save it (PNG + PDF)."""
+"""One look for every figure (colour-blind-safe palette, readable fonts) and one way to save it (PNG + PDF, and the
+figure's data beside it: `cglib.figure_data`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 import cglib
+from cglib.figure_data import write_figure_data
 
 SUPPORTED_FORMATS = ("png", "pdf", "svg")
 
@@ -32,7 +34,13 @@ def apply_style() -> None:
 
 def save_figure(fig: Figure, directory: str | Path, stem: str, formats: Sequence[str] = ("png", "pdf"),
                 dpi: int = 150) -> list[Path]:
-    """Save `fig` as `directory/stem.<format>` for each format (directory created); return the paths written."""
+    """Save `fig` as `directory/stem.<format>` for each format (directory created); return those paths.
+
+    A figure drawn by a `@replottable` function also gets its data beside it (`stem.csv`, `stem.figure.json`,
+    arrays in `stem.npz`), from which `cglib figures RUN_DIR --from-data` redraws it."""
+    if fig is None:
+        raise ValueError(f"no figure to save as {stem!r}: the plot function had nothing to draw and returned None; "
+                         "save only a figure that exists (`if fig is not None: save_figure(...)`)")
     if not stem or Path(stem).name != stem or "." in stem:
         raise ValueError(f"stem must be a bare file name without folder or extension, got {stem!r}")
     unknown = sorted(set(formats) - set(SUPPORTED_FORMATS))
@@ -45,4 +53,5 @@ def save_figure(fig: Figure, directory: str | Path, stem: str, formats: Sequence
         path = directory / f"{stem}.{fmt}"
         fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", metadata={"Creator": f"cglib {cglib.__version__}"})
         paths.append(path)
+    write_figure_data(fig, directory, stem)
     return paths

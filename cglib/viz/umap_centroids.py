@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from cglib.evaluate.embeddings import EmbeddingStore, pixel_fingerprint
+from cglib.figure_data import replottable
 from cglib.magic.schema import MagicFile
 from cglib.models import ClipModel
 from cglib.viz.compare import PANELS_PER_ROW
@@ -230,49 +232,92 @@ def readable_labels(xy: np.ndarray, limit: int, width: float = 0.22, height: flo
     return chosen
 
 
+UMAP_WIDTH = 8.6  # inches: at 150 dpi the panels of a row fit a 1,300 px page
+
+
 def plot_umap_panels(panels: Sequence[UmapPanel], magic: MagicFile, color_level: int = 2,
                      label_max: int = 60) -> Figure:
-    """Grid of UMAP panels (image centroids, then text centroids; one panel per model, at most 4 a row); colour
-    (and, past the palette, marker) = ancestor at `color_level`; up to `label_max` l1 names per panel, where they
-    do not overprint."""
+    """Grid of UMAP panels (image centroids, then text centroids; one panel per model, at most 4 a row). A point's
+    colour is its ancestor one level above `color_level` (a handful of colours) and its marker tells the
+    `color_level` ancestors under the same colour apart; up to `label_max` l1 names per panel, where they do not
+    overprint, each written towards the panel's centre so that it stays inside."""
     if not panels:
         raise ValueError("no UMAP panels to draw; compute them with umap_panels() first")
-    models = list(dict.fromkeys(p.model for p in panels))
-    modalities = list(dict.fromkeys(p.modality for p in panels))
-    classes = sorted({_ancestor_or_self(magic, g, color_level) for p in panels for g in p.groups})
+    parent_level = color_level + 1 if color_level < magic.l_max else None
+    rows = []
+    for panel in panels:
+        for g, (x, y) in zip(panel.groups, panel.xy):
+            cls = _ancestor_or_self(magic, g, color_level)
+            parent = _ancestor_or_self(magic, g, parent_level) if parent_level else cls
+            rows.append({"model": panel.model, "modality": panel.modality, "group": g, "name": magic.nodes[g].name,
+                         "class": cls, "class_name": magic.nodes[cls].name, "parent": parent,
+                         "parent_name": magic.nodes[parent].name, "x": float(x), "y": float(y)})
+    meta = pd.DataFrame([{"model": p.model, "modality": p.modality, "trust": p.trust, "trust_k": p.trust_k}
+                         for p in panels])
+    return draw_umap_panels(pd.DataFrame(rows), meta, color_level=color_level, label_max=label_max,
+                            parent_level=parent_level)
+
+
+def _umap_styles(points: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """(colour, marker) per class: one colour per parent, markers in turn among a parent's classes (and, past
+    the palette, shifted so that two parents sharing a colour never share a marker)."""
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    style = {c: (colours[k % len(colours)], MARKERS[(k // len(colours)) % len(MARKERS)])
-             for k, c in enumerate(classes)}
+    parents = sorted(set(points["parent_name"]))
+    style = {}
+    for p, parent in enumerate(parents):
+        classes = sorted(set(points.loc[points["parent_name"] == parent, "class"]),
+                         key=lambda c: points.loc[points["class"] == c, "class_name"].iloc[0])
+        for k, cls in enumerate(classes):
+            style[cls] = (colours[p % len(colours)], MARKERS[(k + p // len(colours)) % len(MARKERS)])
+    return style
+
+
+@replottable
+def draw_umap_panels(points: pd.DataFrame, panels: pd.DataFrame, color_level: int = 2, label_max: int = 60,
+                     parent_level: int | None = 3) -> Figure:
+    """The figure of `plot_umap_panels` from its tables: `points` (model, modality, group, name, class,
+    class_name, parent, parent_name, x, y) and `panels` (model, modality, trust, trust_k)."""
+    models = list(dict.fromkeys(panels["model"]))
+    modalities = list(dict.fromkeys(panels["modality"]))
+    style = _umap_styles(points)
     ncols = min(PANELS_PER_ROW, len(models))
     rows_per_modality = -(-len(models) // ncols)
+    side = min(4.4, UMAP_WIDTH / ncols)
     fig, axes = plt.subplots(len(modalities) * rows_per_modality, ncols,
-                             figsize=(4.4 * ncols, 4.4 * len(modalities) * rows_per_modality + 0.8), squeeze=False)
+                             figsize=(side * ncols, side * len(modalities) * rows_per_modality + 0.8), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)  # panels of a short last row stay blank
-    for panel in panels:
-        at = models.index(panel.model)
-        ax = axes[modalities.index(panel.modality) * rows_per_modality + at // ncols, at % ncols]
+    for _, panel in panels.iterrows():
+        at = models.index(panel["model"])
+        ax = axes[modalities.index(panel["modality"]) * rows_per_modality + at // ncols, at % ncols]
         ax.set_visible(True)
-        point_class = [_ancestor_or_self(magic, g, color_level) for g in panel.groups]
-        for c in dict.fromkeys(point_class):  # one scatter per class: hundreds of single-point calls are slow
-            rows = [i for i, pc in enumerate(point_class) if pc == c]
-            ax.scatter(panel.xy[rows, 0], panel.xy[rows, 1], s=36, marker=style[c][1], color=style[c][0],
-                       edgecolors="white", linewidths=0.4)
-        for k in readable_labels(panel.xy, label_max, width=0.28, height=0.075):  # boxes of 8.5 pt names
-            ax.annotate(magic.nodes[panel.groups[k]].name, panel.xy[k], fontsize=8.5, alpha=0.85, xytext=(3, 2),
-                        textcoords="offset points", clip_on=True)
-        ax.set_title(f"{panel.model}: {panel.modality} centroids\ntrustworthiness {panel.trust:.2f} "
-                     f"(k={panel.trust_k})", fontsize=11)
-        ax.margins(0.15)  # room for the names at the edges
+        mine = points[(points["model"] == panel["model"]) & (points["modality"] == panel["modality"])]
+        xy = mine[["x", "y"]].to_numpy(float)
+        for cls, part in mine.groupby("class", sort=False):  # one scatter per class: single points are slow
+            ax.scatter(part["x"], part["y"], s=30, marker=style[cls][1], color=style[cls][0], edgecolors="white",
+                       linewidths=0.4)
+        ax.margins(0.06)
         ax.set_xticks([])
         ax.set_yticks([])
-    handles = [Line2D([], [], linestyle="", marker=style[c][1], color=style[c][0], label=magic.nodes[c].name)
-               for c in classes]
-    ncol = min(len(handles), 6)
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False,
-               title=f"colour: l{color_level} ancestor")
-    legend_rows = -(-len(handles) // ncol)
-    fig.tight_layout(rect=(0, min(0.5, (0.5 + 0.25 * legend_rows) / fig.get_figheight()), 1, 1))
+        middle = xy.mean(axis=0) if len(xy) else np.zeros(2)
+        # a name box of 8.5 pt is about 1.2 x 0.33 in; as a share of the panel, so small panels label fewer points
+        for k in readable_labels(xy, label_max, width=1.2 / side, height=0.33 / side):
+            right, top = xy[k, 0] > middle[0], xy[k, 1] > middle[1]
+            ax.annotate(mine["name"].iloc[k], xy[k], fontsize=8.5, alpha=0.85, textcoords="offset points",
+                        xytext=(-3 if right else 3, -3 if top else 3), ha="right" if right else "left",
+                        va="top" if top else "bottom", annotation_clip=True)
+        ax.set_title(f"{panel['model']}: {panel['modality']} centroids\ntrustworthiness {panel['trust']:.2f} "
+                     f"(k={int(panel['trust_k'])})", fontsize=10)
+    classes = points.drop_duplicates("class").sort_values(["parent_name", "class_name"])
+    handles = [Line2D([], [], linestyle="", marker=style[r["class"]][1], color=style[r["class"]][0],
+                      label=r["class_name"] if parent_level is None or r["class_name"] == r["parent_name"]
+                      else f"{r['class_name']} ({r['parent_name']})") for _, r in classes.iterrows()]
+    ncol = min(len(handles), 3)
+    title = (f"colour: l{parent_level} ancestor, marker: l{color_level} ancestor under it" if parent_level
+             else f"colour: l{color_level} ancestor")
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8,
+               frameon=False, title=title, title_fontsize=9)
+    fig.tight_layout()
     return fig
 
 
@@ -310,33 +355,60 @@ def dual_effect_table(embeddings: Sequence[GroupEmbeddings], magic: MagicFile,
     return pd.DataFrame(rows)
 
 
+def coincident_points(rows: pd.DataFrame, x: str, y: str, digits: int = 6) -> list[list[str]]:
+    """Models whose points (x, y) are the same to `digits` decimals, one list per shared spot of 2 or more."""
+    spots = rows.groupby([rows[x].round(digits), rows[y].round(digits)], sort=False)["model"].apply(list)
+    return [models for models in spots if len(models) > 1]
+
+
+@replottable
 def plot_measured_dual_effect(table: pd.DataFrame, level: int = 1) -> Figure:
     """Left: within-group spread against between-centroid distance at `level`, one point per model and
-    modality (lower-right is tighter groups further apart). Right: the ratio per level and model."""
+    modality (lower-right is tighter groups further apart). Right: the ratio per level and model. One legend
+    (colour: model, marker: modality) under both panels; models whose text points coincide (their text tower
+    is the same: frozen, or shared) are said to, on the panel and under the figure."""
     if table.empty:
         raise ValueError("the dual-effect table is empty; compute it with dual_effect_table() first")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     models = list(dict.fromkeys(table["model"]))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(8.6, 3.6))
     at = table[table["level"] == level]
     for k, model in enumerate(models):
         for modality, marker in (("image", "o"), ("text", "^")):
             row = at[(at["model"] == model) & (at["modality"] == modality)]
             if row.empty:
                 continue
-            ax.scatter(row["between"], row["within"], color=colours[k % len(colours)], marker=marker, s=60,
-                       label=f"{model} ({modality})")
+            ax.scatter(row["between"], row["within"], color=colours[k % len(colours)], marker=marker, s=50,
+                       edgecolors="white", linewidths=0.5)
         ratio = table[(table["model"] == model) & (table["modality"] == "image")].sort_values("level")
-        ax2.plot(ratio["level"], ratio["ratio"], marker="o", color=colours[k % len(colours)], label=model)
+        ax2.plot(ratio["level"], ratio["ratio"], marker="o", color=colours[k % len(colours)])
+    shared = coincident_points(at[at["modality"] == "text"], "between", "within")
+    for group in shared:
+        spot = at[(at["modality"] == "text") & (at["model"] == group[0])].iloc[0]
+        ax.annotate(f"text points of {len(group)} models\non one spot", (spot["between"], spot["within"]),
+                    xytext=(0.5, 0.92), textcoords="axes fraction", ha="center", va="top", fontsize=8,
+                    arrowprops={"arrowstyle": "->", "color": "0.3", "linewidth": 0.8})
     ax.set_xlabel(f"between-centroid cosine distance (l{level})")
-    ax.set_ylabel(f"within-group cosine distance to centroid (l{level})")
-    ax.set_title("Dual effect: spread vs separation")
-    ax.legend(fontsize=7, frameon=False)
+    ax.set_ylabel(f"within-group distance to centroid (l{level})")
+    ax.set_title("Dual effect: spread vs separation", fontsize=11)
+    ax.margins(0.12)
     ax2.set_xlabel("level")
     ax2.set_ylabel("within / between (images)")
     ax2.set_xticks(sorted(table["level"].unique()))
-    ax2.set_title("Lower = tighter groups, further apart")
-    ax2.legend(fontsize=7, frameon=False)
+    ax2.set_title("Lower = tighter groups, further apart", fontsize=11)
+    handles = [Line2D([], [], color=colours[k % len(colours)], marker="s", linestyle="", label=model)
+               for k, model in enumerate(models)]
+    handles += [Line2D([], [], color="0.3", marker=m, linestyle="", label=f"{modality} centroids")
+                for m, modality in (("o", "image"), ("^", "text"))]
+    legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=8,
+                        frameon=False)
+    if shared:
+        said = "; ".join(", ".join(group) for group in shared)
+        note = (f"Text points that coincide: {said}. These models encode texts with the same text tower (frozen "
+                "in training, or shared), so their text centroids are identical.")
+        fig.text(0.5, 0.0, textwrap.fill(note, 130), ha="center", va="top", fontsize=8,
+                 transform=fig.transFigure)
+        legend.set_bbox_to_anchor((0.5, -0.03 - 0.03 * (len(note) // 130 + 1)), transform=fig.transFigure)
     fig.tight_layout()
     return fig
 
