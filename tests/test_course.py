@@ -284,7 +284,8 @@ def run_copy(request, run_copies, tmp_path_factory) -> Path:
 
 def with_parameters(notebook: nbformat.NotebookNode, run: Path) -> nbformat.NotebookNode:
     cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
-    cell.source = f"params_path = {str(run / 'params.yaml')!r}\nrun_dir = {str(run)!r}"
+    # appended, not replaced: the cell's other parameters (notebook 09's `beside`) keep their defaults
+    cell.source += f"\nparams_path = {str(run / 'params.yaml')!r}\nrun_dir = {str(run)!r}"
     return notebook
 
 
