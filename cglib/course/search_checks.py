@@ -13,7 +13,8 @@ import numpy as np
 import optuna
 
 from cglib.course.feedback import PRACTICE_SEEDS, CheckFailed, close, difference, passed
-from cglib.magic.schema import MagicFile, load_magic
+from cglib.magic.files import load_magic
+from cglib.magic.schema import MagicFile
 from cglib.search.validation import search_view
 
 OVERLAP_KEYS = ("validation", "test", "shared")
