@@ -39,11 +39,14 @@ from cglib.viz.dual_effect import optimize_points
 
 REPO = Path(__file__).resolve().parent.parent
 EXERCISE_NOTEBOOKS = ("00_overview.ipynb", "01_captions.ipynb", "02_abstraction.ipynb", "03_magic_dag.ipynb",
-                      "04_losses.ipynb", "05_training.ipynb", "06_evaluation.ipynb")
+                      "04_losses.ipynb", "05_training.ipynb", "06_evaluation.ipynb", "07_visualization.ipynb",
+                      "08_search.ipynb", "09_your_own_objective.ipynb")
 EXPECTED_CHECKS = {"00_overview.ipynb": 2, "01_captions.ipynb": 2, "02_abstraction.ipynb": 3,
                    "03_magic_dag.ipynb": 2, "04_losses.ipynb": 3, "05_training.ipynb": 3,
-                   "06_evaluation.ipynb": 2}  # the check calls of each notebook
-NEEDS_FULL_RUN = {"05_training.ipynb", "06_evaluation.ipynb"}  # they read trained models: the whole series
+                   "06_evaluation.ipynb": 2, "07_visualization.ipynb": 2, "08_search.ipynb": 2,
+                   "09_your_own_objective.ipynb": 1}  # the check calls of each notebook
+NEEDS_FULL_RUN = {"05_training.ipynb", "06_evaluation.ipynb", "07_visualization.ipynb", "08_search.ipynb",
+                  "09_your_own_objective.ipynb"}  # they read trained models: the whole series
 
 
 def solution_function(notebook: str, name: str):
@@ -281,7 +284,8 @@ def run_copy(request, run_copies, tmp_path_factory) -> Path:
 
 def with_parameters(notebook: nbformat.NotebookNode, run: Path) -> nbformat.NotebookNode:
     cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
-    cell.source = f"params_path = {str(run / 'params.yaml')!r}\nrun_dir = {str(run)!r}"
+    # appended, not replaced: the cell's other parameters (notebook 09's `beside`) keep their defaults
+    cell.source += f"\nparams_path = {str(run / 'params.yaml')!r}\nrun_dir = {str(run)!r}"
     return notebook
 
 
