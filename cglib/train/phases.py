@@ -156,7 +156,7 @@ def textual_pretraining(setup: RunSetup, state: TrainState, bundle: ClipModel,
         return align(text[:per], text[per:])
 
     announce(setup, state, f"text pretraining (text {t.text_trains})", len(sampler), t.pretrain_epochs,
-                     "distinct targets")
+             "distinct targets")
     return Phase("pretrain", "text pretraining", t.pretrain_epochs, len(sampler),
                  _sequential(sampler.batch, len(sampler)), loss, align, stepper, losses="pretrain_losses",
                  keep_epoch_weights=False)
@@ -190,7 +190,7 @@ def re_alignment(setup: RunSetup, state: TrainState, bundle: ClipModel,
     module = wrap(Towers(bundle.model), setup.info)
     stepper = make_stepper(setup, state, bundle, module, o.lr, o.epochs * per_epoch, "re", ckpt)
     announce(setup, state, f"RE alignment (text {t.text_trains})", per_epoch, o.epochs,
-                     f"options.data: {o.data}, {len(items)} items, batch {sampler.batch_size}")
+             f"options.data: {o.data}, {len(items)} items, batch {sampler.batch_size}")
 
     def embed(texts: list[str]) -> torch.Tensor:
         if projected is not None:
