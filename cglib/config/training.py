@@ -9,6 +9,10 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from cglib.config.base import Section, _unique
 from cglib.config.objectives import ObjectiveSpec, objective_spec, trained_by
+from cglib.plugins import named
+
+# train.callbacks entries are checked by the training layer's loader (plain Python: no torch at validation)
+CALLBACK_LOADER = "cglib.train.callbacks:load_callback"
 
 # train.runs[i] keys that became options of the objectives that read them (train.runs[i].options)
 MOVED_RUN_KEYS = {"alpha_on": "pairwise, centroid, memory_centroid", "tau_inner": "pairwise, centroid, memory_centroid",
@@ -213,6 +217,12 @@ class TrainParams(Section):
         "objective cannot run distributed train in the kernel, said before training starts. Not part of a run's "
         "spec: the weights do not depend on it.")
     log_every: int = Field(10, ge=1, description="Log every k steps.")
+    callbacks: list[str] = Field(
+        default_factory=list, description="Your own training callbacks, called at train, epoch and step "
+        "begin/end after the built-in checkpointing: each 'package.module:ClassName' of a subclass of "
+        "cglib.train.callbacks.Callback (built with no arguments, one per run), importable where the run runs. A "
+        "callback reads the training state and may ask to save a checkpoint or to stop (summary.json `stopped`). "
+        "Not part of a run's spec: a run it stopped is reused as it is until its spec changes.")
     base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
                                   "starts from (the zero-shot row).")
     text_trains: Literal["tower", "projection"] = Field(
@@ -233,6 +243,14 @@ class TrainParams(Section):
             raise ValueError(f"train.processes must be a positive int or auto, got {processes}; 1 trains in "
                              "the notebook's own process")
         return processes
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callback_plugins(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            named(CALLBACK_LOADER)(path)  # a ValueError says what to fix
+        _unique(paths, "train.callbacks")
+        return paths
 
     @field_validator("seeds")
     @classmethod

@@ -4,9 +4,9 @@ The paper chose M, N, the learning rate, tau and alpha "using a Bayesian hyperpa
 average accuracy. Here each trial trains the `search.run` entry of train.runs (the real `Trainer`) with values
 drawn by Optuna's TPE sampler from `search.space`, on the search view of MAGIC (validation.py: the test images
 left out, a validation slice carved from MAGIC train); after every epoch the validation forced-choice accuracy is
-reported and Optuna's median pruner may stop the trial. The study lives in `search.storage` (storage.py: SQLite,
-a journal file or a PostgreSQL server), so a killed search resumes where it stopped, and several workers (the
-same command, started again, on this or other machines) share one study.
+reported and Optuna's median pruner may stop the trial (`MedianPruning`, a training callback). The study lives in
+`search.storage` (storage.py: SQLite, a journal file or a PostgreSQL server), so a killed search resumes where it
+stopped, and several workers (the same command, started again, on this or other machines) share one study.
 
 `--trials N` is the number of finished (complete or pruned) trials the study should hold; a rerun tops it up.
 A worker starts a trial while the study's live trials (finished, running, waiting) are fewer than N or a trial
@@ -27,7 +27,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +52,9 @@ from cglib.search.storage import (
     study_name,
     workspace,
 )
-from cglib.search.validation import ValidationScorer, search_view
+from cglib.search.validation import ValidationScore, ValidationScorer, search_view
 from cglib.strict_yaml import load_yaml, read_text
+from cglib.train.callbacks import Callback, StateView, TrainControl
 from cglib.train.inputs import TrainInputs, model_image_size, run_entry
 from cglib.train.loop import ensure_initial
 from cglib.train.trainer import Trainer
@@ -218,6 +219,31 @@ def surplus(trial: optuna.Trial, target: int) -> bool:
     return sum(t.number < trial.number for t in live) >= target
 
 
+VALIDATION = "validation"  # the metric the trainer's scorer returns: the validation split's ValidationScore
+
+
+class MedianPruning(Callback):
+    """Reports each image-text epoch's validation accuracy to the trial and stops the run when Optuna's pruner
+    says the trial falls behind (below the median of earlier trials at this epoch); the trial is then marked
+    pruned (`pruned`: why)."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+        self.scores: list[ValidationScore] = []
+        self.pruned = ""
+
+    def on_evaluate(self, state: StateView, control: TrainControl, metrics: Mapping[str, Any]) -> None:
+        score, epoch = metrics[VALIDATION], state.epoch
+        self.scores.append(score)
+        self.trial.report(score.mean, epoch)
+        self.trial.set_user_attr("validation_by_field", score.by_field)
+        logger.info("trial %d epoch %d: validation accuracy %.4f", self.trial.number, epoch, score.mean)
+        if self.trial.should_prune():
+            self.pruned = (f"epoch {epoch}: validation accuracy {score.mean:.3f} is below the median of earlier "
+                           "trials at this epoch")
+            control.stop(f"pruned by the search ({self.pruned})")
+
+
 class Objective:
     """One trial: train the tuned run with the trial's values, report validation accuracy each epoch (pruning)."""
 
@@ -237,25 +263,16 @@ class Objective:
         name = f"trial-{trial.number:05d}"
         params = trial_params(self.run.params, values, name)
         context = RunContext(params=params, dir=self.space.dir, params_path=self.run.params_path)
-        scores = []
-
-        def on_epoch(epoch: int, bundle) -> None:
-            score = self.space.scorer.score(bundle)
-            scores.append(score)
-            trial.report(score.mean, epoch)
-            trial.set_user_attr("validation_by_field", score.by_field)
-            logger.info("trial %d epoch %d: validation accuracy %.4f", trial.number, epoch, score.mean)
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"epoch {epoch}: validation accuracy {score.mean:.3f} is below the median "
-                                         "of earlier trials at this epoch")
-
+        pruning = MedianPruning(trial)
         info = distributed.current(context.device())
         try:
             Trainer(context, run_entry(params, name), self.space.inputs, info, None, self.progress,
-                    on_epoch=on_epoch)()
+                    callbacks=[pruning], evaluate=lambda bundle: {VALIDATION: self.space.scorer.score(bundle)})()
         finally:
             shutil.rmtree(self.space.dir / "training" / name, ignore_errors=True)  # the storage keeps the values
-        return scores[-1].mean
+        if pruning.pruned:
+            raise optuna.TrialPruned(pruning.pruned)
+        return pruning.scores[-1].mean
 
 
 @dataclass

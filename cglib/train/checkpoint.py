@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,44 +64,6 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------- a run's files
-@dataclass
-class Progress:
-    """Position and counters of a run (all saved in the checkpoint)."""
-
-    phase: str = "pretrain"
-    epoch: int = 0
-    batch: int = 0  # next batch index within the epoch
-    step: int = 0  # optimizer steps done in this phase
-    global_step: int = 0  # optimizer steps over both phases
-    pretrain_steps: int = 0
-    wall_s: float = 0.0
-    images: int = 0
-    data_wait_s: float = 0.0
-    compute_s: float = 0.0
-    fallback_batches: int = 0
-    repeated_images: int = 0
-    skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (faults.py)
-    empty_steps: int = 0  # steps of the authors' epoch whose loader item was empty: skipped, no update (epochs.py)
-    epoch_losses: list[float] = field(default_factory=list)
-    epoch_sum: float = 0.0
-    epoch_count: int = 0
-    pretrain_losses: list[float] = field(default_factory=list)
-
-    def state(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def count(self, result: dict[str, float]) -> None:
-        """Count one completed optimizer step; a skipped step's (non-finite) loss and an empty step's (none) stay
-        out of the epoch mean."""
-        self.step, self.global_step = self.step + 1, self.global_step + 1
-        if result.get("empty"):
-            self.empty_steps += 1
-        elif result.get("skipped"):
-            self.skipped_steps += 1
-        elif math.isfinite(result["loss"]):
-            self.epoch_sum, self.epoch_count = self.epoch_sum + result["loss"], self.epoch_count + 1
-
-
 INITIAL = "initial.safetensors"
 FINAL = "final.safetensors"
 CHECKPOINT_VERSION = 3  # 2: records the resolved device and AMP dtype; holds only the trained keys; 3: the objective's

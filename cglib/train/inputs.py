@@ -124,7 +124,7 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     # pretrain_targets acts through the entries' resolved `pretrain` (in the run spec above)
     # how a run is carried out (resumed, loaded, logged, on how many processes) leaves its result unchanged
     exclude = {"runs", "resume", "num_workers", "log_every", "keep_epoch_weights", "seeds", "pretrain_targets",
-               "processes"}
+               "processes", "callbacks"}
     train = t.model_dump(mode="json", exclude=exclude)
     for key, default in TRAIN_KEY_DEFAULTS.items():
         if train[key] == default:

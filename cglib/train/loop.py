@@ -14,7 +14,11 @@ the text tower is frozen), the run's loss from `cglib.losses`, AdamW with warmup
     faults.py      SIGINT/SIGTERM checkpoints, skipped non-finite steps, device/AMP checks on resume
     checkpoint.py  the run's files: weights (frozen towers referenced), last.pt
     runlog.py      log.csv and TensorBoard
-    trainer.py     the two phases' loops (and the single text phase of a loss: re run)
+    state.py       TrainState: the one record of a run while it trains (position, counters, what phases described)
+    setup.py       RunSetup: what a run is set up with and keeps to its end (params, entry, inputs, files, objective)
+    phases.py      the phases (textual pretraining, RE, image-text) as the loop sees them, and their optimizers
+    callbacks.py   callbacks: train/epoch/step events, a read-only state, a control to stop or save (checkpoints)
+    trainer.py     the one training loop over a run's phases; the only owner of its state
     re_run.py      loss: re (the HierarCaps baseline): RE items, batches, the step's loss
     summary.py     summary.json, weights moved, the runs' table
 

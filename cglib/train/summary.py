@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import torch
 
 from cglib import distributed
 from cglib.config import Params
-from cglib.models import resolve_activation
+from cglib.models import ClipModel, resolve_activation
 from cglib.run import provenance, write_json
 from cglib.train.checkpoint import FINAL, LAST, text_keys
 from cglib.train.inputs import exposure, related_methods, text_source
-
-if TYPE_CHECKING:
-    from cglib.train.trainer import Trainer
+from cglib.train.setup import RunSetup
+from cglib.train.state import TrainState
 
 ZERO_SHOT = "zero-shot"  # the initial weights' name in results (loop.ZERO_SHOT)
 MOSTLY_STILL = 0.5  # below this fraction of changed parameters a trained tower "did not move"
@@ -77,29 +76,33 @@ def model_info(params: Params, bundle: Any) -> dict[str, Any]:
     return {**bundle.info(), "activation_source": resolve_activation(m.name, m.pretrained, m.force_activation).source}
 
 
-def training_account(trainer: Trainer) -> dict[str, Any]:
+def training_account(state: TrainState) -> dict[str, Any]:
     """This attempt's account of the run: optimizer steps and epochs kept from a checkpoint plus those done now
     (counted as they were done) against the run's totals, and the steps an earlier, killed attempt did past its
     checkpoint, lost and done again now (read from its log.csv)."""
-    s, kept, now = trainer.state, trainer.kept, trainer.done_now
-    total = {"steps": s.global_step, "epochs": len(s.epoch_losses) + len(s.pretrain_losses)}
+    kept, now = state.kept, state.trained_now
+    total = {"steps": state.progress.global_step, "epochs": state.epochs_done()}
     return {"steps": {"total": total["steps"], "kept": kept["steps"], "trained_now": now["steps"],
-                      "repeated": trainer.repeated_steps},
+                      "repeated": state.repeated_steps},
             "epochs": {"total": total["epochs"], "kept": kept["epochs"], "trained_now": now["epochs"]},
             "adds_up": all(total[k] == kept[k] + now[k] for k in total)}
 
 
-def finish(trainer: Trainer) -> dict[str, Any]:
-    """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary."""
-    s, entry, t, files, objective = trainer.state, trainer.entry, trainer.t, trainer.files, trainer.objective
+def finish(setup: RunSetup, state: TrainState, bundle: ClipModel,
+           initial: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Write final weights and summary.json (rank 0), drop the resume checkpoint; return the summary.
+
+    `initial`: the model's weights before this run trained (for `weights_moved`)."""
+    s, entry, t, files, objective = state.progress, setup.entry, setup.t, setup.files, setup.objective
+    params, inputs, info = setup.params, setup.inputs, setup.info
     # what the phases described (phases.py): their samplers, the pretraining, the RE items, precomputed texts
-    phases = {"sampler": None, "pretraining": None, "re_training": None, "precomputed_texts": 0, **trainer.described}
+    phases = {"sampler": None, "pretraining": None, "re_training": None, "precomputed_texts": 0, **state.described}
     re = not entry.trains_images()  # a text objective (re): no image-text phase
     trained = {"image": not re, "text": files.text_phase or not files.freeze_text}
-    exposed = exposure(trainer.params, entry)
+    exposed = exposure(params, entry)
     summary = {
         "name": entry.name, "loss": entry.loss, "pretrain": entry.pretrain,
-        "text_source": text_source(trainer.params, entry), "related": related_methods(entry),
+        "text_source": text_source(params, entry), "related": related_methods(entry),
         # the roles evaluation reads (report.ModelRole), from the objective: an re run is the HierarCaps baseline,
         # not a MAGIC fine-tune; Table 3's gain rows compare objective families, never names
         "objective": objective.name or entry.loss, "objective_family": objective.family,
@@ -110,17 +113,17 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         # to permute have none), a memory's size, mcc's concept head
         "hard_negatives": None, **(objective.describe() or {}),
         # the HierarCaps row: the authors' released weights when present (train.runs[i].options.released), else trained here
-        "weights_source": trainer.weights_source,
-        "spec": trainer.spec, "spec_hash": trainer.hash, "data_fingerprint": trainer.inputs.fingerprint,
+        "weights_source": state.weights_source,
+        "spec": setup.spec, "spec_hash": files.hash, "data_fingerprint": inputs.fingerprint,
         # train.seeds: which training seed, and the seed it gave initialization and batch order
-        "training_seed": trainer.run.training_seed, "init_and_order_seed": trainer.run.train_seed,
+        "training_seed": setup.run.training_seed, "init_and_order_seed": setup.run.train_seed,
         "epoch_kind": "re items" if re else t.epoch, "epochs": getattr(objective.options, "epochs", t.epochs) if re else t.epochs,
         "steps_per_epoch": (phases["sampler"] or {}).get("optimizer_steps_per_epoch"),
         "pretrain_steps_per_epoch": (phases["pretraining"] or {}).get("batches_per_epoch"),
         "steps": s.step, "pretrain_steps": s.pretrain_steps, "skipped_steps": s.skipped_steps,
         # train.epoch: pairs_as_published: steps (counted in `steps`) whose loader item came back empty, skipped
         "empty_steps": s.empty_steps,
-        "images_seen": s.images, "wall_time_s": round(trainer.clock(), 2),
+        "images_seen": s.images, "wall_time_s": round(state.elapsed_s(), 2),
         "images_per_s": s.images / s.compute_s if s.compute_s else None,
         "images_per_s_with_data": s.images / (s.compute_s + s.data_wait_s) if s.compute_s else None,
         "data_wait_s": round(s.data_wait_s, 3),
@@ -128,30 +131,32 @@ def finish(trainer: Trainer) -> dict[str, Any]:
         "pretrain_epoch_loss": s.pretrain_losses,
         "fallback_batches": s.fallback_batches, "repeated_images": s.repeated_images,
         "sampler": phases["sampler"], "pretraining": phases["pretraining"],
-        "text_frozen": trainer.params.model.freeze_text and not re, "precomputed_texts": phases["precomputed_texts"],
+        "text_frozen": params.model.freeze_text and not re, "precomputed_texts": phases["precomputed_texts"],
         # what the text phase (pretraining, re) trained: the whole tower, or the projection on the frozen tower
         "text_phase_trained": t.text_trains if files.text_phase else None,
-        "weights_moved": weights_moved(trainer.bundle.model, trainer.initial, trained,
+        "weights_moved": weights_moved(bundle.model, initial, trained,
                                        text_projection_only=files.text_phase and files.projection_only
                                        and files.freeze_text),
         "tau_note": "fixed train.tau / tau_inner (clip with options.logit_scale: learned: its own scale, in "
                     "objective.logit_scale); model.logit_scale frozen and unused",
-        "image_cache": {"size": trainer.inputs.cache.size, "images": len(trainer.inputs.cache),
-                        "skipped": dict(trainer.inputs.cache.skipped), "account": trainer.inputs.cache.account()},
-        "account": training_account(trainer),
-        "model": model_info(trainer.params, trainer.bundle),
-        "device": str(trainer.device), "world_size": trainer.info.world_size,
+        "image_cache": {"size": inputs.cache.size, "images": len(inputs.cache),
+                        "skipped": dict(inputs.cache.skipped), "account": inputs.cache.account()},
+        "account": training_account(state),
+        "model": model_info(params, bundle),
+        "device": str(setup.device), "world_size": info.world_size,
         "amp": files.precision["amp"],
-        "resumed_from_step": trainer.resumed_from, "warmup_steps_used": trainer.warmup_used,
+        "resumed_from_step": state.resumed_from, "warmup_steps_used": state.warmup_used,
+        # a callback that ended the run early (callbacks.py): its reason and where; None: the run ran to its end
+        "stopped": state.stopped,
     }
-    if trainer.info.is_main:
-        files.save_weights(trainer.bundle, trainer.out / FINAL)
-        summary["provenance"] = provenance(trainer.params, run=entry.name)
-        write_json(trainer.out / "summary.json", summary)
+    if info.is_main:
+        files.save_weights(bundle, files.out / FINAL)
+        summary["provenance"] = provenance(params, run=entry.name)
+        write_json(files.out / "summary.json", summary)
         (files.ckpt_dir / LAST).unlink(missing_ok=True)
         if files.ckpt_dir.is_dir() and not any(files.ckpt_dir.iterdir()):
             files.ckpt_dir.rmdir()
-    distributed.barrier(trainer.info)
+    distributed.barrier(info)
     return summary
 
 
