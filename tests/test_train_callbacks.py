@@ -153,3 +153,25 @@ def test_the_training_package_has_no_import_cycle():
 
     assert {"cglib.train.trainer", "cglib.train.state", "cglib.train.callbacks"} <= set(graph)
     assert [m for m in sorted(graph) if reaches(m)] == []
+
+
+def test_the_guides_example_callback_stops_on_a_flat_epoch(plugins):
+    """book/architecture.md's StopWhenFlat, as written there: a 1% fall goes on, a 0.5% fall stops with its reason."""
+    import my_callbacks
+
+    source = (Path(__file__).parent.parent / "book" / "architecture.md").read_text(encoding="utf-8")
+    example = source.split("class StopWhenFlat(Callback):", 1)[1].split("```", 1)[0].strip()
+    plugin = Path(my_callbacks.__file__).read_text(encoding="utf-8")
+    assert all(line.strip() in plugin for line in example.splitlines()), "the guide's example and the plugin differ"
+    from cglib.train.callbacks import TrainControl
+
+    for losses, stops in (([2.0, 1.9], False), ([2.0, 1.99], True), ([2.0], False)):
+        control = TrainControl()
+        view = StateView(TrainState(Progress(phase="train", epoch=len(losses) - 1, epoch_losses=losses)))
+        my_callbacks.StopWhenFlat().on_epoch_end(view, control)
+        assert control.should_training_stop is stops
+    assert control.stop_reason == "" and "is flat" not in control.stop_reason
+    control = TrainControl()
+    my_callbacks.StopWhenFlat().on_epoch_end(StateView(TrainState(Progress(phase="train", epoch=1,
+                                                                            epoch_losses=[2.0, 1.99]))), control)
+    assert control.stop_reason == "epoch 1: loss 1.9900 is flat"

@@ -58,3 +58,13 @@ class WritesTheState(Callback):
 
 class NotACallback:
     """Referenced by a test to check the error for a class that does not subclass Callback."""
+
+
+class StopWhenFlat(Callback):
+    """The guide's example (book/architecture.md), verbatim: end training once an image-text epoch improves the mean
+    loss by less than 1%."""
+
+    def on_epoch_end(self, state, control):
+        losses = state.epoch_losses  # a tuple: the state is read-only
+        if state.phase == "train" and len(losses) >= 2 and losses[-1] > 0.99 * losses[-2]:
+            control.stop(f"epoch {state.epoch}: loss {losses[-1]:.4f} is flat")
