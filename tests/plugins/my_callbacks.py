@@ -60,9 +60,9 @@ class NotACallback:
     """Referenced by a test to check the error for a class that does not subclass Callback."""
 
 
+# The guide's example (book/architecture.md), verbatim: tests/test_train_callbacks.py keeps the two the same.
 class StopWhenFlat(Callback):
-    """The guide's example (book/architecture.md), verbatim: end training once an image-text epoch improves the mean
-    loss by less than 1%."""
+    """End training once an image-text epoch improves the mean loss by less than 1%."""
 
     def on_epoch_end(self, state, control):
         losses = state.epoch_losses  # a tuple: the state is read-only
