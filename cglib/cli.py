@@ -54,8 +54,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"FAILED: {exc}", file=sys.stderr)
         _print_summary(run_dir, file=sys.stderr)
         return 1
-    total = sum(r.duration_s for r in results)
-    print(f"Finished {len(results)} notebooks in {total:.0f} s; manifest {run_dir / 'run.json'}")
+    total, cpu = sum(r.duration_s for r in results), sum(r.cpu_s or 0 for r in results)
+    print(f"Finished {len(results)} notebooks in {total:.0f} s ({cpu:.0f} s CPU); manifest {run_dir / 'run.json'}")
+    for r in results:
+        print(f"  {r.name:28s} {r.duration_s:7.1f} s  {r.cpu_s or 0:7.1f} s CPU")
     lost = _print_summary(run_dir)
     if args.strict and lost:
         print(f"STRICT: {lost} items were skipped or failed (listed above); exit 3", file=sys.stderr)
@@ -95,7 +97,8 @@ def _status(args: argparse.Namespace) -> int:
     where = f" (runner PID {runner['pid']} on {runner['host']})" if runner.get("pid") else ""
     print(f"{run_dir}: {status}{where}; started {manifest.get('started')}")
     for nb in manifest.get("notebooks", []):
-        print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s" +
+        cpu = f" {nb['cpu_s']:8.1f} s CPU" if nb.get("cpu_s") is not None else ""  # absent before it was recorded
+        print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s{cpu}" +
               (f"  {nb['error']}" if nb.get("error") else ""))
     # read the stages now, not run.json's summary: a search or a `python -m cglib.train` after the run is shown too
     scope = manifest.get("scope") or {}

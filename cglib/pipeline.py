@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import sys
 import threading
@@ -59,10 +60,20 @@ class NotebookResult:
     duration_s: float
     output: str | None = None
     error: str | None = None
+    cpu_s: float | None = None  # user + system CPU of the runner and the notebook's kernel
 
     def as_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "duration_s": round(self.duration_s, 2),
+                "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 2),
                 "output": self.output, "error": self.error}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and of its children that have exited and been waited for (a
+    notebook's kernel, once papermill has shut it down). On a shared machine a notebook's wall time grows with
+    the other jobs' load while its CPU time stays near what it needs."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def discover_notebooks(directory: Path) -> list[Path]:
@@ -305,18 +316,20 @@ def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_
     for index, notebook in enumerate(notebooks, start=1):
         output = executed_dir / notebook.name
         log(f"[{index}/{len(notebooks)}] {notebook.name}")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
         try:
             execute_notebook(notebook, output, {"params_path": str(params_path.resolve()),
                                                 "run_dir": str(run_dir.resolve())},
                              kernel, params.run.cell_timeout_s, params.run.cell_silence_s)
         except Exception as exc:  # noqa: BLE001 - PapermillExecutionError, nbclient timeouts, DeadKernelError
             summary = str(exc) if isinstance(exc, CellSilent) else _failure_summary(exc)
-            results.append(NotebookResult(notebook.name, "failed", time.perf_counter() - t0, str(output), summary))
+            results.append(NotebookResult(notebook.name, "failed", time.perf_counter() - t0, str(output), summary,
+                                          cpu_seconds() - cpu0))
             save("failed")
             raise NotebookFailed(f"{notebook.name} failed at {summary}\n  executed notebook: {output}") from None
-        results.append(NotebookResult(notebook.name, "ok", time.perf_counter() - t0, str(output)))
-        log(f"    done in {results[-1].duration_s:.1f} s")
+        results.append(NotebookResult(notebook.name, "ok", time.perf_counter() - t0, str(output),
+                                      cpu_s=cpu_seconds() - cpu0))
+        log(f"    done in {results[-1].duration_s:.1f} s ({results[-1].cpu_s:.1f} s CPU)")
         save("running")
 
 

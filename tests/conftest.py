@@ -77,3 +77,14 @@ def full_small_run(tmp_path_factory) -> Path:
     out = root / "run"
     assert cli_main(["run", str(path), "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def classroom_run(tmp_path_factory) -> Path:
+    """The whole series (00-09, solutions included) on params/classroom.yaml, executed once by `cglib run`:
+    the run directory."""
+    from cglib.cli import main as cli_main
+
+    out = tmp_path_factory.mktemp("classroom") / "run"
+    assert cli_main(["run", str(REPO_ROOT / "params/classroom.yaml"), "--out", str(out)]) == 0
+    return out
