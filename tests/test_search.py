@@ -192,6 +192,8 @@ def test_median_pruner_stops_a_trial_whose_lr_cannot_learn(tmp_path):
     assert trials[2].intermediate_values[1] < trials[0].intermediate_values[1]
     assert result.summary["best"]["trial"] in (0, 1) and result.summary["trials"]["PRUNED"] == 1
     assert result.summary["validation"]["test_images_left_out"] == 18
+    saved = json.loads((result.dir / "validation.json").read_text())  # the slice notebook 08 reads back
+    assert len(saved["validation_ids"]) == result.summary["validation"]["validation_images"]
     assert not list((result.dir / "training").glob("trial-*"))  # trial weights are scratch
     rows = {r["parameter"]: r for r in result.summary["table2"]}
     assert rows["lr"]["paper_value"] == 1e-8 and rows["lr"]["chosen"] == pytest.approx(1e-2)

@@ -219,7 +219,7 @@ def surplus(trial: optuna.Trial, target: int) -> bool:
     return sum(t.number < trial.number for t in live) >= target
 
 
-VALIDATION = "validation"  # the metric the trainer's scorer returns: the validation split's ValidationScore
+VALIDATION_METRIC = "validation"  # the metric the trainer's scorer returns: the validation split's ValidationScore
 
 
 class MedianPruning(Callback):
@@ -233,7 +233,7 @@ class MedianPruning(Callback):
         self.pruned = ""
 
     def on_evaluate(self, state: StateView, control: TrainControl, metrics: Mapping[str, Any]) -> None:
-        score, epoch = metrics[VALIDATION], state.epoch
+        score, epoch = metrics[VALIDATION_METRIC], state.epoch
         self.scores.append(score)
         self.trial.report(score.mean, epoch)
         self.trial.set_user_attr("validation_by_field", score.by_field)
@@ -267,7 +267,7 @@ class Objective:
         info = distributed.current(context.device())
         try:
             Trainer(context, run_entry(params, name), self.space.inputs, info, None, self.progress,
-                    callbacks=[pruning], evaluate=lambda bundle: {VALIDATION: self.space.scorer.score(bundle)})()
+                    callbacks=[pruning], evaluate=lambda bundle: {VALIDATION_METRIC: self.space.scorer.score(bundle)})()
         finally:
             shutil.rmtree(self.space.dir / "training" / name, ignore_errors=True)  # the storage keeps the values
         if pruning.pruned:
