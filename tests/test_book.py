@@ -1,4 +1,4 @@
-"""`cglib book`: the session's small run built into a book with the network cut off, then read as a reader would:
+"""`cglib book`: the session's classroom run (all ten notebooks) built into a book with the network cut off, then read as a reader would:
 the front page links to a notebook page, a notebook page's glossary link lands on its entry, the search index is
 there, a solution is folded and no page asks the network for anything. Also the guide's own rules: every page in
 its navigation, every relative link of the README and the guide resolving, the glossary holding the terms the
@@ -46,8 +46,8 @@ def _follow(page: Path, href: str) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def book(small_run, tmp_path_factory, request):
-    """The small run's book, built while every connection off this machine raises (and every proxy points at a
+def book(classroom_run, tmp_path_factory, request):
+    """The classroom run.s book (the ten notebooks, solutions folded), built while every connection off this machine raises (and every proxy points at a
     closed port), so a build that fetched anything would fail."""
     real_connect = socket.socket.connect
 
@@ -61,13 +61,13 @@ def book(small_run, tmp_path_factory, request):
         patch.setattr(socket.socket, "connect", loopback_only)
         for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
             patch.setenv(proxy, "http://127.0.0.1:9")
-        built = build_book(small_run, tmp_path_factory.mktemp("book") / "site")
-    print(f"\nbook of the small run: {len(built.notebooks)} notebook pages in {built.seconds:.1f} s")
+        built = build_book(classroom_run, tmp_path_factory.mktemp("book") / "site")
+    print(f"\nbook of the classroom run: {len(built.notebooks)} notebook pages in {built.seconds:.1f} s")
     return built
 
 
-def test_the_front_page_leads_to_every_executed_notebook(book, small_run):
-    executed = sorted(p.stem for p in (small_run / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+def test_the_front_page_leads_to_every_executed_notebook(book, classroom_run):
+    executed = sorted(p.stem for p in (classroom_run / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert executed and [Path(n).stem for n in book.notebooks] == executed
     links = {_follow(book.index, a["href"])[0] for a in _page(book.index).find_all("a", href=True)
              if not a["href"].startswith("#")}
@@ -105,9 +105,9 @@ def test_search_works_from_the_folder(book):
     assert (book.out_dir / "search.html").is_file()
 
 
-def test_a_solution_is_folded(book, small_run):
+def test_a_solution_is_folded(book, classroom_run):
     """Notebook 03's first solution line appears on its page only inside closed <details> blocks."""
-    notebook = nbformat.read(small_run / "notebooks" / "03_magic_dag.ipynb", as_version=4)
+    notebook = nbformat.read(classroom_run / "notebooks" / "03_magic_dag.ipynb", as_version=4)
     region = next(c.source for c in notebook.cells if c.cell_type == "code" and BEGIN_SOLUTION in c.source)
     first = region.split(BEGIN_SOLUTION, 1)[1].split(END_SOLUTION, 1)[0].strip().splitlines()[0].strip()
     page = _page(book.out_dir / "notebooks" / "03_magic_dag.html")
