@@ -43,40 +43,34 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(scope="session")
-def small_run(tmp_path_factory) -> Path:
-    """Notebooks 01-03 of the shrunken demo, executed by `cglib run` (papermill, headless): the run directory,
-    shared by every test of the session that needs a run (headless explorers, the HTML report, the browser)."""
+def shrunk_demo_run(tmp_path_factory, name: str, *args: str) -> Path:
+    """The demo profile with SMALL_DEMO's overrides, executed by `cglib run` (papermill, headless) with `args`."""
     from cglib.cli import main as cli_main
     from cglib.config import deep_merge
 
-    root = tmp_path_factory.mktemp("headless")
+    root = tmp_path_factory.mktemp(name)
     params = deep_merge(yaml.safe_load((REPO_ROOT / "params/demo.yaml").read_text()), SMALL_DEMO)
-    params["run"]["name"] = "headless"
-    path = root / "params" / "headless.yaml"
+    params["run"]["name"] = name
+    path = root / "params" / f"{name}.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(params))
     out = root / "run"
-    assert cli_main(["run", str(path), "--out", str(out), "--only", "01,02,03"]) == 0
+    assert cli_main(["run", str(path), "--out", str(out), *args]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory) -> Path:
+    """Notebooks 01-03 of the shrunken demo: the run directory shared by every test of the session that needs a run
+    up to MAGIC (headless explorers, the HTML report, the browser)."""
+    return shrunk_demo_run(tmp_path_factory, "headless", "--only", "01,02,03")
 
 
 @pytest.fixture(scope="session")
 def full_small_run(tmp_path_factory) -> Path:
-    """Every notebook of the shrunken demo (01-09), executed by `cglib run` once per test session: the run directory
-    for tests that need trained models and their evaluation (the course's notebooks 05 and 06)."""
-    from cglib.cli import main as cli_main
-    from cglib.config import deep_merge
-
-    root = tmp_path_factory.mktemp("full")
-    params = deep_merge(yaml.safe_load((REPO_ROOT / "params/demo.yaml").read_text()), SMALL_DEMO)
-    params["run"]["name"] = "full"
-    path = root / "params" / "full.yaml"
-    path.parent.mkdir(parents=True)
-    path.write_text(yaml.safe_dump(params))
-    out = root / "run"
-    assert cli_main(["run", str(path), "--out", str(out)]) == 0
-    return out
+    """Every notebook of the shrunken demo (00-09), once per test session: the demo's code paths end to end
+    (tests/test_demo_pipeline.py)."""
+    return shrunk_demo_run(tmp_path_factory, "full")
 
 
 @pytest.fixture(scope="session")
