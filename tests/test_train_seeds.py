@@ -52,13 +52,19 @@ def test_seed_zero_is_run_seed_and_other_seeds_get_their_own_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_seeds_change_init_and_batch_order_but_not_the_data(tmp_path):
+def test_training_seeds_change_init_and_batch_order_but_not_the_data(tmp_path, capsys):
     """Two seeds: the bases start from different weights and see their pairs in a different order, but on the same
     corpus; the runs draw other batches from the same MAGIC groups, pairs and split; seed 0 keeps the one-seed
     layout and seed 1 sits in training/seed1/."""
     run = seeded_run(tmp_path, [0, 1])
     summaries = train_all(run, progress=False)
     assert set(summaries) == {"clip", "clip@seed1"}
+    lines = capsys.readouterr().out.splitlines()  # each seed's block of run lines under its own label
+    labels = [i for i, line in enumerate(lines) if line.startswith("Training seed")]
+    assert [lines[i] for i in labels] == ["Training seed 0 (1 of 2), in training:",
+                                          "Training seed 1 (2 of 2), in training/seed1:"]
+    assert all(any(line.startswith("clip: ") for line in block) for block in (lines[labels[0]:labels[1]],
+                                                                              lines[labels[1]:]))
     for k, folder in ((0, tmp_path / "training"), (1, tmp_path / "training" / "seed1")):
         assert (folder / INITIAL).is_file() and (folder / "clip" / "final.safetensors").is_file()
         assert json.loads((folder / "initial.json").read_text())["training_seed"] == k

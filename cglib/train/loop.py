@@ -252,8 +252,10 @@ def train_all(run: RunContext, names: list[str] | None = None, progress: bool = 
     inputs = load_inputs(run, progress=progress, info=info)  # the data is the same under every training seed
     by_groups = {"magic": inputs}  # runs with groups: ngram get theirs once, on first use
     out = {}
-    for k in seeds:
+    for position, k in enumerate(seeds, start=1):
         seeded = run.for_training_seed(k)
+        if info.is_main and len(seeds) > 1:  # each seed repeats every run's lines: say whose they are
+            print(f"Training seed {k} ({position} of {len(seeds)}), in {seeded.training_dir.relative_to(run.dir)}:")
         ensure_initial(seeded, info, progress)
         for name in names:
             groups = run_entry(run.params, name).groups
