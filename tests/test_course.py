@@ -4,7 +4,10 @@ exercise cells fail with the stub's error and the solution version's checks all 
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -309,3 +312,44 @@ def test_the_solution_version_runs_on_the_classroom_profile_and_every_check_pass
     executed = nbformat.read(classroom_run / "notebooks" / name, as_version=4)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
     assert text.count("Correct:") == EXPECTED_CHECKS[name], text[-3000:]
+
+
+def test_every_solution_cell_is_an_nbgrader_solution_cell():
+    """nbgrader refuses a solution region outside a cell marked as a solution cell: each committed one is marked
+    (`cglib.course.student.mark_solution_cells` writes it), with a grade id unique across the series."""
+    ids = []
+    for name in EXERCISE_NOTEBOOKS:
+        for cell in nbformat.read(REPO / "notebooks" / name, as_version=4).cells:
+            meta = cell.metadata.get("nbgrader")
+            if BEGIN_SOLUTION in cell.source:
+                assert meta and meta["solution"], (f"{name}: a solution cell without nbgrader's metadata; run "
+                                                   "python -c \"from cglib.course.student import mark_solution_cells; "
+                                                   f"mark_solution_cells('notebooks/{name}')\"")
+                assert meta["grade"] == (cell.cell_type == "markdown")  # a written answer is graded by hand
+                ids.append(meta["grade_id"])
+            else:
+                assert meta is None, f"{name}: nbgrader metadata on a cell without a solution region"
+    assert len(ids) == len(set(ids)) > 2 * len(EXERCISE_NOTEBOOKS)
+
+
+def test_nbgrader_generates_the_assignment_from_the_notebooks(tmp_path):
+    """`nbgrader generate_assignment` (the dev extra installs it) accepts the ten notebooks as committed and releases
+    them with no line of any solution left."""
+    bin_dir = Path(sys.executable).parent
+    nbgrader = shutil.which("nbgrader", path=str(bin_dir))
+    if nbgrader is None:
+        pytest.skip("nbgrader is not installed: pip install -e '.[dev]' (or '.[nbgrader]')")
+    source = tmp_path / "source" / "lesson"
+    source.mkdir(parents=True)
+    for name in EXERCISE_NOTEBOOKS:
+        shutil.copy(REPO / "notebooks" / name, source / name)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}  # its gradebook runs alembic
+    done = subprocess.run([nbgrader, "generate_assignment", "lesson", "--force"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    for name in EXERCISE_NOTEBOOKS:
+        released = (tmp_path / "release" / "lesson" / name).read_text(encoding="utf-8")
+        leaked = [line for line in solution_lines(nbformat.read(REPO / "notebooks" / name, as_version=4))
+                  if line in released]
+        assert not leaked, f"{name}: solution lines in nbgrader's release: {leaked[:5]}"
+        assert "YOUR CODE HERE" in released and "YOUR ANSWER HERE" in released

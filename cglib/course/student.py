@@ -4,6 +4,10 @@ A solution region runs from a line `### BEGIN SOLUTION` to a line `### END SOLUT
 so a course can also grade with nbgrader). In a code cell the region becomes `raise NotImplementedError(...)` at the
 marker's indentation; in a markdown cell it becomes "YOUR ANSWER HERE". Outputs are cleared. Only nbformat is used:
 no grading tool is needed to produce the student version.
+
+nbgrader also wants every cell holding a solution region marked as a solution cell in its metadata (a written
+answer as a manually graded one); `mark_solution_cells` writes that metadata, and the committed notebooks carry it,
+so `nbgrader generate_assignment` accepts them as they are.
 """
 
 from __future__ import annotations
@@ -45,6 +49,30 @@ def strip_solutions(source: str, cell_type: str, where: str = "cell") -> str:
     if inside:
         raise SolutionMarkerError(f"{where}: {BEGIN_SOLUTION} is never closed; add a line {END_SOLUTION}")
     return "\n".join(out)
+
+
+def nbgrader_metadata(cell_type: str, grade_id: str) -> dict:
+    """nbgrader's metadata of a solution cell: code is checked by the cell's own check (autograded by running it),
+    a written answer is graded by hand (one point)."""
+    written = cell_type == "markdown"
+    return {"grade": written, "grade_id": grade_id, "locked": False, "schema_version": 3, "solution": True,
+            "task": False, **({"points": 1} if written else {})}
+
+
+def mark_solution_cells(path: str | Path) -> int:
+    """Mark every cell of the notebook at `path` that holds a solution region as an nbgrader solution cell (grade
+    ids `<notebook>-<n>`, in cell order), leaving other cells as they are; returns how many are marked."""
+    path = Path(path)
+    notebook = nbformat.read(path, as_version=4)
+    marked = 0
+    for cell in notebook.cells:
+        if BEGIN_SOLUTION in cell.source:
+            marked += 1
+            cell.metadata["nbgrader"] = nbgrader_metadata(cell.cell_type, f"{path.stem}-{marked}")
+        else:
+            cell.metadata.pop("nbgrader", None)
+    nbformat.write(notebook, path)
+    return marked
 
 
 def has_solution(notebook: nbformat.NotebookNode) -> bool:
