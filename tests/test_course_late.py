@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from factories import tiny_magic
 
 from cglib.course import GRADING_SEEDS, PRACTICE_SEEDS, CheckFailed
+from cglib.course.evaluation_checks import check_holm
 from cglib.course.geometry_checks import check_group_geometry, check_rollout, small_vit_maps
 from cglib.course.objective_checks import (
     check_objective,
@@ -277,3 +278,42 @@ def test_an_unfinished_objective_is_not_trained():
     assert not passes_property_checks(Unfinished)
     with pytest.raises(NotImplementedError):
         check_objective(Unfinished)
+
+
+# --- notebook 09: Holm's correction --------------------------------------------------------------------------------
+
+def holm_variant(p_values, *, bonferroni=False, step_down=True, cap=True, nan_in_m=False, sorted_output=False):
+    """Holm's adjusted p-values with one of the classic slips switched on."""
+    p = np.asarray(p_values, dtype=float)
+    out = np.full(p.shape, np.nan)
+    tested = np.flatnonzero(np.isfinite(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m = len(p) if nan_in_m else len(order)
+    factor = np.full(len(order), m) if bonferroni else m - np.arange(len(order))
+    scaled = factor * p[order]
+    if cap:
+        scaled = np.minimum(1.0, scaled)
+    if step_down:
+        scaled = np.maximum.accumulate(scaled) if len(scaled) else scaled
+    out[tested if sorted_output else order] = scaled
+    return out
+
+
+def test_the_holm_solution_passes_on_the_practice_and_the_grading_seeds(capsys):
+    my_holm = solution_definitions("09_your_own_objective.ipynb", "my_holm")["my_holm"]
+    check_holm(my_holm)
+    check_holm(my_holm, seeds=GRADING_SEEDS)
+    assert capsys.readouterr().out.count("Correct:") == 2
+    check_holm(holm_variant)  # the reference of the wrong answers below is right when no slip is on
+
+
+@pytest.mark.parametrize(("slip", "words"), [
+    ({"bonferroni": True}, ["Bonferroni", "(m - i + 1)"]),
+    ({"step_down": False}, ["step-down is missing", "running maximum"]),
+    ({"cap": False}, ["probability", "cap"]),
+    ({"sorted_output": True}, ["sorted order", "position"]),
+    ({"nan_in_m": True, "bonferroni": True}, ["NaNs counted in m"]),
+])
+def test_the_holm_check_names_the_slip(slip, words):
+    fails_with(check_holm, lambda p: holm_variant(p, **slip), *words, seeds=PRACTICE_SEEDS + GRADING_SEEDS)
+    fails_with(check_holm, lambda p: holm_variant(p, **slip), seeds=GRADING_SEEDS)  # and when grading

@@ -1,5 +1,6 @@
 """Checks of notebook 06's exercises: the forced-choice scorer (ties are wrong) against `score_forced_choice`, and
-the paired bootstrap interval of a difference between two models against `paired_difference`, on seeded cases."""
+the paired bootstrap interval of a difference between two models against `paired_difference`, on seeded cases; and
+of notebook 09's reading of a new row: Holm's correction against `cglib.evaluate.multiplicity.holm`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from cglib.course.feedback import PRACTICE_SEEDS, CheckFailed, describe_case, passed
 from cglib.evaluate.bootstrap import Scores, confidence_intervals, paired_difference
 from cglib.evaluate.forced_choice import ForcedChoiceSet, score_forced_choice
+from cglib.evaluate.multiplicity import holm
 
 # --- the forced choice --------------------------------------------------------------------------------------------
 
@@ -175,3 +177,70 @@ def check_paired_interval(fn: Callable, seeds: Iterable[int] = PRACTICE_SEEDS) -
         lines.append(f"  hint: {hint}")
         raise CheckFailed("\n".join(lines))
     passed("your paired bootstrap interval (units resampled, both models with the same draws)", seeds)
+
+
+# --- Holm's correction (notebook 09: reading your row) -------------------------------------------------------------
+
+def holm_case(seed: int) -> np.ndarray:
+    """Seeded p-values of one family: a few small ones among large ones, ties, and NaNs (cells without a p-value)."""
+    rng = np.random.default_rng([seed, 9])
+    m = int(rng.integers(5, 16))
+    p = np.where(rng.random(m) < 0.4, rng.uniform(0, 0.02, m), rng.uniform(0, 1, m))
+    p[rng.choice(m, 2, replace=False)] = p[0]  # a tie
+    p[rng.choice(m, int(rng.integers(0, 3)), replace=False)] = np.nan
+    return np.round(p, 6)
+
+
+def _adjusted(fn: Callable, p: np.ndarray) -> np.ndarray:
+    out = fn(p.copy())
+    try:
+        out = np.asarray(out, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise CheckFailed(f"return the adjusted p-values as an array of numbers, got {type(out).__name__}") from None
+    if out.shape != p.shape:
+        raise CheckFailed(f"the adjusted p-values have shape {out.shape}, the p-values {p.shape}: one adjusted "
+                          "value per input, in the input's order (NaN where the input is NaN)")
+    return out
+
+
+def _holm_slip(p: np.ndarray, yours: np.ndarray) -> str:
+    """A sentence naming the classic mistake the answer matches, or a generic hint."""
+    finite = np.isfinite(p)
+    m = int(finite.sum())
+    if not np.array_equal(np.isfinite(yours), finite):
+        return ("NaN in must be NaN out, and a NaN is not part of the family: a cell without a p-value is not "
+                "tested, so it is not counted in m either")
+    bonferroni = np.minimum(1.0, m * p[finite])
+    if np.allclose(yours[finite], bonferroni):
+        return ("that is Bonferroni (every p-value times m); Holm multiplies the i-th smallest by (m - i + 1), "
+                "so only the smallest is multiplied by m")
+    if np.allclose(yours[finite], np.minimum(1.0, len(p) * p[finite])):
+        return "that is Bonferroni with the NaNs counted in m: multiply by the number of finite p-values only"
+    order = np.argsort(p[finite], kind="stable")
+    step = np.minimum(1.0, (m - np.arange(m)) * p[finite][order])
+    unsorted = np.empty(m)
+    unsorted[order] = step
+    if np.allclose(yours[finite], unsorted):
+        return ("the step-down is missing: an adjusted p-value may never fall below that of a smaller p-value "
+                "(take the running maximum in sorted order)")
+    if np.allclose(yours[finite], np.maximum.accumulate(step)):
+        return "these are the right values in sorted order: put each back at its cell's position"
+    if np.nanmax(yours) > 1:
+        return "an adjusted p-value is a probability: cap (m - i + 1) p at 1 before the running maximum"
+    return "sort the finite p-values, scale the i-th smallest by (m - i + 1), cap at 1, take the running maximum"
+
+
+def check_holm(fn: Callable, seeds: Iterable[int] = PRACTICE_SEEDS) -> None:
+    """`fn(p_values)` against `cglib.evaluate.multiplicity.holm` on seeded families with ties and NaNs, then on a
+    family of one and a family of NaNs only."""
+    seeds = tuple(seeds)
+    cases = [(f"seed {s}", holm_case(s)) for s in seeds]
+    cases += [("a single p-value", np.array([0.03])), ("NaNs only", np.array([np.nan, np.nan]))]
+    for label, p in cases:
+        yours, expected = _adjusted(fn, p), holm(p)
+        if not np.allclose(yours, expected, rtol=1e-12, atol=1e-12, equal_nan=True):
+            wrong = int(np.flatnonzero(~np.isclose(yours, expected, rtol=1e-12, atol=1e-12, equal_nan=True))[0])
+            raise CheckFailed(f"{label} (m = {int(np.isfinite(p).sum())} finite p-values): at position {wrong}, "
+                              f"p = {p[wrong]:.6g}, yours {yours[wrong]:.6g}, the library's {expected[wrong]:.6g}. "
+                              f"{_holm_slip(p, yours)}")
+    passed("your Holm correction", seeds)
