@@ -12,14 +12,12 @@ model spec, not a run directory),
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
-from cglib.config import ParamsError, ZooModelParams, _format_error, load_params, schema_table
+from cglib.cli_models import evaluate_model_command, search_command
+from cglib.cli_outputs import book_command, compare_protocols_command, figures_command, report_command
+from cglib.config import ParamsError, load_params, schema_table
 from cglib.data.download import NAMED_DOWNLOADS, download_named
 
 
@@ -114,195 +112,6 @@ def _status(args: argparse.Namespace) -> int:
             print(f"the runner is gone: resume with `cglib run {manifest.get('params_file', 'PARAMS')} --out "
                   f"{run_dir}` (add --from NN to skip finished notebooks)")
     return STATUS_EXIT.get(status, 1)
-
-
-def _figures_from_data(run_dir: Path, formats: str | None) -> int:
-    from cglib.viz.figures import replot_figures  # lazy: matplotlib
-
-    figures = run_dir / "figures" if (run_dir / "figures").is_dir() else run_dir
-    try:
-        report = replot_figures(figures, formats=formats.split(",") if formats else ("png", "pdf"))
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{len(report.written)} figure files written under {figures}")
-    return 1 if report.failed else 0
-
-
-def _figures(args: argparse.Namespace) -> int:
-    from cglib.viz.figures import FigureFailures, regenerate_figures  # lazy: torch; keeps cglib --help light
-
-    run_dir = Path(args.run_dir)
-    if args.from_data:
-        return _figures_from_data(run_dir, args.formats)
-    if not (run_dir / "params.yaml").is_file():
-        print(f"error: {run_dir} is not a run directory (no params.yaml); pass outputs/<run>", file=sys.stderr)
-        return 2
-    try:
-        written = regenerate_figures(run_dir, formats=args.formats.split(",") if args.formats else None)
-    except FigureFailures as exc:
-        print(f"FAILED: {exc}", file=sys.stderr)
-        return 1
-    print(f"{len(written)} figure files written under {run_dir / 'figures'}")
-    return 0
-
-
-def _compare_protocols(args: argparse.Namespace) -> int:
-    from cglib.evaluate.training_changes import write_training_changes  # lazy: pandas; light --help
-
-    try:
-        changes, paths = write_training_changes(args.corrected_run, args.published_run, args.out)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(paths["md"].read_text(encoding="utf-8"))
-    print(f"{len(changes)} cells, {int(changes['significant'].sum())} significant after Holm; written to "
-          f"{paths['csv']} and {paths['md']}")
-    return 0
-
-
-def _report(args: argparse.Namespace) -> int:
-    from cglib.report import (  # lazy: torch (through cglib.evaluate); keeps cglib --help light
-        NotARunDirectory,
-        build_report,
-    )
-
-    try:
-        report = build_report(Path(args.run_dir), Path(args.out) if args.out else None)
-    except NotARunDirectory as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"report: {report.index} ({len(report.pages)} notebook pages)")
-    for name, why in report.missing.items():
-        print(f"  not included: {name}: {why}")
-    for name, why in report.failed.items():
-        print(f"FAILED page {name}: {why}", file=sys.stderr)
-    return 1 if report.failed else 0
-
-
-def _book(args: argparse.Namespace) -> int:
-    from cglib.book import (  # lazy: Sphinx is slow to import
-        BookDependencyMissing,
-        NotARunDirectory,
-        build_book,
-    )
-
-    try:
-        book = build_book(Path(args.run_dir), Path(args.out) if args.out else None)
-    except NotARunDirectory as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (BookDependencyMissing, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"book: {book.index} ({len(book.notebooks)} notebook pages, {book.seconds:.0f} s)")
-    for line in book.warnings:
-        print(f"  {line}")
-    return 0
-
-
-def parse_model_spec(spec: str, run_model):
-    """`--model SPEC`: a YAML/JSON mapping like an eval.zoo entry's `model` ('{name: ViT-B-32, pretrained: openai}')
-    or a checkpoint path (loaded into the run's own architecture). ValueError with the fix otherwise."""
-    from cglib.models import architecture_params  # lazy: torch; keeps cglib --help light
-
-    try:
-        raw = yaml.safe_load(spec)
-    except yaml.YAMLError:
-        raw = spec
-    if isinstance(raw, dict):
-        try:
-            return ZooModelParams.model_validate({"name": "model", "model": raw}).model
-        except ValidationError as exc:
-            lines = [_format_error(e) for e in exc.errors()]
-            raise ValueError("bad --model spec: " + "; ".join(lines)) from None
-    path = Path(str(spec))
-    if isinstance(raw, str) and (path.suffix in (".safetensors", ".pt", ".pth", ".bin") or path.is_file()):
-        return architecture_params(run_model).model_copy(update={"checkpoint": path.resolve()})
-    raise ValueError(f"bad --model spec {spec!r}: pass a mapping like '{{name: ViT-B-32, pretrained: openai}}' "
-                     "(the keys of the model section) or the path of a checkpoint (.safetensors, .pt) of the run's "
-                     "architecture")
-
-
-def _evaluate_model(args: argparse.Namespace) -> int:
-    from cglib.evaluate.loading import ModelLoadError  # lazy: torch; keeps cglib --help light
-    from cglib.evaluate.pipeline import evaluate_model  # lazy: torch; keeps cglib --help light
-    from cglib.evaluate.report import markdown_table  # lazy: torch; keeps cglib --help light
-    from cglib.evaluate.table3 import table3_display  # lazy: torch; keeps cglib --help light
-    from cglib.run import (  # lazy: numpy; keeps cglib --help light
-        RunContext,
-        seed_everything,
-        set_threads,
-        training_dir,
-    )
-    from cglib.train.checkpoint import INITIAL  # lazy: torch; keeps cglib --help light
-
-    params = load_params(args.params, check_paths=False)
-    run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
-    needed = {"magic/magic.json": "03_magic_dag", "captions/dataset.json": "01_captions"}
-    for k in params.train.seeds:  # the zero-shot model of every training seed
-        needed[str((training_dir(run_dir, k) / INITIAL).relative_to(run_dir))] = "05_training (the zero-shot model)"
-    absent = [f"{rel} (written by {nb})" for rel, nb in needed.items() if not (run_dir / rel).is_file()]
-    if absent:
-        print(f"error: {run_dir} is not a finished run folder: missing {', '.join(absent)}; pass --run-dir "
-              "outputs/<run> of these params, or run the pipeline up to 05 first", file=sys.stderr)
-        return 2
-    try:
-        spec = parse_model_spec(args.model, params.model)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    seed_everything(params.run.seed)
-    set_threads(params.run.threads)
-    run = RunContext(params=params, dir=run_dir, params_path=Path(args.params))
-    try:
-        result = evaluate_model(run, spec, args.name, progress=not args.quiet)
-    except ModelLoadError as exc:
-        print(f"FAILED: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(markdown_table(table3_display(result.table3)))
-    print(f"results: {result.directory} (metrics.csv, table3.md, results.json)")
-    return 0
-
-
-def _search(args: argparse.Namespace) -> int:
-    from cglib.run import RunContext, seed_everything, set_threads  # lazy: numpy; keeps cglib --help light
-    from cglib.search.storage import StorageError, shown_url, storage_url  # lazy: optuna; keeps --help light
-    from cglib.search.study import account_line, run_search  # lazy: torch, optuna; keeps cglib --help light
-
-    params = load_params(args.params, check_paths=not args.no_check_paths)
-    run_dir = Path(args.run_dir) if args.run_dir else params.run_dir()
-    if not (run_dir / "magic" / "magic.json").is_file():
-        print(f"error: {run_dir} has no magic/magic.json: run the pipeline up to 03 first (`cglib run {args.params} "
-              "--only 01,02,03`) or pass --run-dir outputs/<run>", file=sys.stderr)
-        return 2
-    seed_everything(params.run.seed)
-    set_threads(params.run.threads)
-    print(f"study in {shown_url(storage_url(params, run_dir))}")
-    # each trial's start and epochs, the waits and the dead workers' trials, one line each (Optuna logs the ends)
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
-    search_log = logging.getLogger("cglib.search")
-    search_log.addHandler(handler)
-    search_log.setLevel(logging.INFO)
-    search_log.propagate = False  # printed once, whatever a library did to the root logger
-    try:
-        result = run_search(RunContext(params=params, dir=run_dir, params_path=Path(args.params)),
-                            trials=args.trials, progress=not args.quiet)
-    except StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    best = result.summary["best"]
-    print(f"study '{result.study.study_name}': {account_line(result.summary['account'])}")
-    if best is None:
-        print("no complete trial yet: no best params file")
-        return 1
-    print(f"best: trial {best['trial']}, validation accuracy {best['value']:.4f}, {best['params']}")
-    print(f"best params file: {result.best_params}; summary: {result.dir / 'search.json'}")
-    return 0
 
 
 def _export_magic(args: argparse.Namespace) -> int:
@@ -406,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-data", action="store_true",
                    help="redraw each figure from its saved data alone (figures/<stem>.csv, .npz, .figure.json): no "
                    "model, result or params file is read; RUN_DIR may also be a folder holding only those files")
-    p.set_defaults(func=_figures)
+    p.set_defaults(func=figures_command)
 
     p = sub.add_parser("compare-protocols", help="what the training corrections change: Table 3 of two finished "
                        "runs of one params file, trained corrected and as published (run.protocol), cell by cell "
@@ -414,21 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corrected_run", help="the run folder trained with run.protocol: corrected")
     p.add_argument("published_run", help="the run folder trained with run.protocol: as_published")
     p.add_argument("--out", help="folder for training_changes.csv/.md (default: CORRECTED_RUN/evaluation)")
-    p.set_defaults(func=_compare_protocols)
+    p.set_defaults(func=compare_protocols_command)
 
     p = sub.add_parser("report", help="a run's executed notebooks as a static HTML report (index with Table 3, "
                        "Table 1 and Fig. 4, one page per notebook, figures embedded); exit 0 ok (missing pieces "
                        "are listed on the index), 1 a page could not be written, 2 not a run directory")
     p.add_argument("run_dir")
     p.add_argument("--out", help="report folder (default: RUN_DIR/report); open its index.html")
-    p.set_defaults(func=_report)
+    p.set_defaults(func=report_command)
 
     p = sub.add_parser("book", help="a run as a book: its executed notebooks, the guide and a glossary as a static "
                        "site with navigation and search, built offline; exit 0 built, 1 Sphinx or MyST-NB missing "
                        "(install the book extra) or the guide's pages not found, 2 not a run directory")
     p.add_argument("run_dir")
     p.add_argument("--out", help="book folder (default: RUN_DIR/book); open its index.html")
-    p.set_defaults(func=_book)
+    p.set_defaults(func=book_command)
 
     p = sub.add_parser("evaluate-model", help="score one more model (e.g. OpenAI's CLIP) on a finished run's MAGIC "
                        "items next to its zero-shot model, without training; writes RUN/evaluation/models/NAME/ "
@@ -440,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="row name (default: from the spec, e.g. ViT-B-32-openai)")
     p.add_argument("--run-dir", help="the run folder (default: <run.output_dir>/<run.name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_evaluate_model)
+    p.set_defaults(func=evaluate_model_command)
 
     p = sub.add_parser("search", help="Bayesian hyper-parameter search (Optuna TPE, median pruning) over the paper's "
                        "Table 2 ranges (search section of the params) for one train.runs entry, maximizing forced-"
@@ -453,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="the run folder with MAGIC built (default: <run.output_dir>/<run.name>)")
     p.add_argument("--no-check-paths", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_search)
+    p.set_defaults(func=search_command)
 
     p = sub.add_parser("export-magic", help="write a run's MAGIC in the Hugging Face datasets layout (Parquet "
                        "splits, a nodes table, a dataset card) for datasets.load_dataset or the Hub; exit 0 ok, 2 not "

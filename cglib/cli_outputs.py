@@ -1,0 +1,94 @@
+"""`cglib` commands that turn a finished run into outputs: figures (rebuilt, or redrawn from their saved data), the
+protocol comparison, the static HTML report and the book. Their heavy imports stay inside the handlers, so
+`cglib --help` and `cglib validate` stay light."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _figures_from_data(run_dir: Path, formats: str | None) -> int:
+    from cglib.viz.figures import replot_figures  # lazy: matplotlib
+
+    figures = run_dir / "figures" if (run_dir / "figures").is_dir() else run_dir
+    try:
+        report = replot_figures(figures, formats=formats.split(",") if formats else ("png", "pdf"))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(report.written)} figure files written under {figures}")
+    return 1 if report.failed else 0
+
+
+def figures_command(args: argparse.Namespace) -> int:
+    from cglib.viz.figures import FigureFailures, regenerate_figures  # lazy: torch; keeps cglib --help light
+
+    run_dir = Path(args.run_dir)
+    if args.from_data:
+        return _figures_from_data(run_dir, args.formats)
+    if not (run_dir / "params.yaml").is_file():
+        print(f"error: {run_dir} is not a run directory (no params.yaml); pass outputs/<run>", file=sys.stderr)
+        return 2
+    try:
+        written = regenerate_figures(run_dir, formats=args.formats.split(",") if args.formats else None)
+    except FigureFailures as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(written)} figure files written under {run_dir / 'figures'}")
+    return 0
+
+
+def compare_protocols_command(args: argparse.Namespace) -> int:
+    from cglib.evaluate.training_changes import write_training_changes  # lazy: pandas; light --help
+
+    try:
+        changes, paths = write_training_changes(args.corrected_run, args.published_run, args.out)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(paths["md"].read_text(encoding="utf-8"))
+    print(f"{len(changes)} cells, {int(changes['significant'].sum())} significant after Holm; written to "
+          f"{paths['csv']} and {paths['md']}")
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from cglib.report import (  # lazy: torch (through cglib.evaluate); keeps cglib --help light
+        NotARunDirectory,
+        build_report,
+    )
+
+    try:
+        report = build_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    except NotARunDirectory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {report.index} ({len(report.pages)} notebook pages)")
+    for name, why in report.missing.items():
+        print(f"  not included: {name}: {why}")
+    for name, why in report.failed.items():
+        print(f"FAILED page {name}: {why}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+def book_command(args: argparse.Namespace) -> int:
+    from cglib.book import (  # lazy: Sphinx is slow to import
+        BookDependencyMissing,
+        NotARunDirectory,
+        build_book,
+    )
+
+    try:
+        book = build_book(Path(args.run_dir), Path(args.out) if args.out else None)
+    except NotARunDirectory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BookDependencyMissing, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"book: {book.index} ({len(book.notebooks)} notebook pages, {book.seconds:.0f} s)")
+    for line in book.warnings:
+        print(f"  {line}")
+    return 0
