@@ -108,3 +108,25 @@ def test_the_umap_and_attention_figures(classroom_run):
     for stem in ("07_umap_centroids", "07_attention_models"):
         assert (figures / f"{stem}.png").stat().st_size > 10_000, stem
     assert list(figures.glob("07_attention_heads_*.png"))
+
+
+PAGE_PX = 1300  # the series' figures are read at their own size on a page this wide
+SERIES_DPI = 150  # viz.dpi's default: the demo's figures are saved at it
+
+
+def figures_too_wide(figures: Path, dpi: int) -> dict[str, int]:
+    """Each PNG under `figures` wider than PAGE_PX, or than PAGE_PX would be at SERIES_DPI when the run saved at
+    another dpi: name -> its width in px at SERIES_DPI."""
+    from PIL import Image
+
+    widths = {p.name: round(Image.open(p).size[0] * SERIES_DPI / dpi) for p in sorted(figures.glob("*.png"))}
+    return {name: width for name, width in widths.items() if width > PAGE_PX}
+
+
+@pytest.mark.slow
+def test_every_figure_fits_a_1300_px_page(classroom_run):
+    """Every figure the series saves is at most 1,300 px wide, at the run's dpi and at the series' 150 dpi."""
+    figures = classroom_run / "figures"
+    dpi = load_params(classroom_run / "params.yaml").viz.dpi
+    assert len(list(figures.glob("*.png"))) >= 20
+    assert figures_too_wide(figures, dpi) == {}

@@ -29,14 +29,18 @@ def draw_abstraction(counts: pd.DataFrame, l1: pd.DataFrame, agreement: pd.DataF
     with ground truth, `chain_agreement`."""
     import matplotlib.pyplot as plt
 
-    panels = 3 if agreement is not None else 2
-    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
+    # two rows fit a 1,300 px page at 150 dpi: the per-level panels side by side, the l1 concepts under them
+    fig = plt.figure(figsize=(8.4, 6.8))
+    grid = fig.add_gridspec(2, 2, height_ratios=(1.0, 1.25))
+    axes = [fig.add_subplot(grid[0, 0] if agreement is not None else grid[0, :]), fig.add_subplot(grid[1, :])]
+    if agreement is not None:
+        axes.append(fig.add_subplot(grid[0, 1]))
     levels = [f"l{k}" for k in counts["level"]]
     axes[0].bar(levels, counts["distinct_concepts"], label="chains")
     if agreement is not None:
         agree = agreement
         axes[0].plot(levels, agree["distinct_truth"], "o--", color="black", label="ground truth")
-        axes[0].legend()
+        axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)  # under the data
     axes[0].set(title="distinct concepts per level", ylabel="concepts")
     axes[1].barh(l1["concept"].tolist()[::-1], l1["images"].tolist()[::-1])
     axes[1].set(title=f"most common l1 concepts (top {len(l1)})", xlabel="images")

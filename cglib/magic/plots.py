@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import networkx as nx
 import numpy as np
@@ -14,7 +16,8 @@ from cglib.magic.schema import MagicFile
 
 
 def plot_level_distributions(magic: MagicFile, size_min: int | None = None) -> Figure:
-    """One panel per level: histogram of images per node (log scale), with the size_min line."""
+    """Nodes per level, then one panel per level: histogram of images per node (log scale), with the size_min
+    line; at most 3 panels a row."""
     nodes = pd.DataFrame([{"level": k, "node": n.id, "n_images": n.n_images} for k in range(1, magic.l_max + 1)
                           for n in magic.nodes_at(k)], columns=["level", "node", "n_images"])
     return draw_level_distributions(nodes, magic.l_max, size_min)
@@ -24,7 +27,12 @@ def plot_level_distributions(magic: MagicFile, size_min: int | None = None) -> F
 def draw_level_distributions(nodes: pd.DataFrame, l_max: int, size_min: int | None = None) -> Figure:
     """The figure of `plot_level_distributions` from one row per node (level, node, n_images)."""
     levels = list(range(1, l_max + 1))
-    fig, axes = plt.subplots(1, len(levels) + 1, figsize=(3.2 * (len(levels) + 1), 3.0))
+    cols = min(3, len(levels) + 1)  # three 2.8 in panels fit a 1,300 px page at 150 dpi
+    rows = -(-(len(levels) + 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.6 * rows), squeeze=False)
+    for ax in axes.ravel()[len(levels) + 1:]:
+        ax.set_visible(False)
+    axes = axes.ravel()
     counts = [int((nodes["level"] == k).sum()) for k in levels]
     axes[0].bar([f"l{k}" for k in levels], counts, color="C0")
     axes[0].set(title="nodes per level", ylabel="nodes")
@@ -33,11 +41,12 @@ def draw_level_distributions(nodes: pd.DataFrame, l_max: int, size_min: int | No
         bins = np.logspace(0, np.log10(max(2, sizes.max(initial=1)) + 1), 20)
         ax.hist(np.maximum(sizes, 1), bins=bins, color=f"C{k}")
         ax.set_xscale("log")
-        ax.set(title=f"l{k}: {len(sizes)} nodes, median {np.median(sizes) if len(sizes) else 0:.0f}",
-               xlabel="images per node")
+        ax.set_title(f"l{k}: {len(sizes)} nodes, median {np.median(sizes) if len(sizes) else 0:.0f}", fontsize=11)
+        ax.set_xlabel("images per node")
         if size_min:
             ax.axvline(size_min, color="k", ls="--", lw=1)
-    axes[1].set_ylabel("nodes")
+    for ax in axes[1::cols]:
+        ax.set_ylabel("nodes")
     fig.tight_layout()
     return fig
 
@@ -108,7 +117,8 @@ def draw_subtree_tables(nodes: pd.DataFrame, edges: pd.DataFrame, root: str, l_m
     pos = {row["node"]: (float(row["x"]), float(row["y"])) for _, row in nodes.iterrows()}
     root_level, root_images = graph.nodes[root]["level"], graph.nodes[root]["n_images"]
     widest = max(sum(1 for _, lvl in graph.nodes(data="level") if lvl == k) for k in range(1, l_max + 1))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * widest), 1.6 * (root_level + 1)))
+    # at most 8.4 in wide (1,260 px at 150 dpi); names wrap to keep a crowded row's labels apart
+    fig, ax = plt.subplots(figsize=(min(8.4, max(6.0, 1.4 * widest)), 1.6 * (root_level + 1)))
     top = max(c for _, _, c in graph.edges(data="count")) if graph.number_of_edges() else 1
     for primary, style in ((True, "solid"), (False, "dashed")):
         edges = [(u, v) for u, v, p in graph.edges(data="primary") if p == primary]
@@ -118,9 +128,10 @@ def draw_subtree_tables(nodes: pd.DataFrame, edges: pd.DataFrame, root: str, l_m
     sizes = [120 + 600 * np.sqrt(graph.nodes[n]["n_images"] / max(1, root_images)) for n in graph]
     colours = [f"C{graph.nodes[n]['level']}" for n in graph]
     nx.draw_networkx_nodes(graph, pos, ax=ax, node_size=sizes, node_color=colours, alpha=0.85)
-    labels = {n: f"{graph.nodes[n]['name']}\n({graph.nodes[n]['n_images']})" for n in graph}
+    labels = {n: f"{textwrap.fill(graph.nodes[n]['name'], 14)}\n({graph.nodes[n]['n_images']})" for n in graph}
     nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=8)
-    ax.set_title(f"subtree of {root} (images in brackets; dashed red: minority parent edges)")
+    ax.set_title(textwrap.fill(f"subtree of {root} (images in brackets; dashed red: minority parent edges)", 80),
+                 fontsize=11)
     ax.axis("off")
     fig.tight_layout()
     return fig
@@ -161,7 +172,7 @@ def negatives_table(magic: MagicFile, level: int = 1, n_nodes: int = 10) -> pd.D
 
 def plot_nearest_neighbour_cosines(magic: MagicFile, threshold: float | str | None = None) -> Figure:
     """One panel per level: each node's nearest-neighbour cosine (calibration.py), the level's hard-negative
-    threshold drawn on it, and the share of nodes with a real hard negative in the title (at most 4 panels a
+    threshold drawn on it, and the share of nodes with a real hard negative in the title (at most 2 panels a
     row)."""
     table = nearest_neighbour_cosines(magic)
     thresholds = level_thresholds(magic, threshold)
@@ -175,9 +186,9 @@ def draw_nearest_neighbour_cosines(table: pd.DataFrame, thresholds: pd.DataFrame
     the threshold per level (level, threshold)."""
     thresholds = dict(zip(thresholds["level"].astype(int), thresholds["threshold"].astype(float)))
     levels = sorted(table["level"].unique())
-    cols = min(4, len(levels))
+    cols = min(2, len(levels))  # two 4.1 in panels fit a 1,300 px page at 150 dpi, titles unshrunk
     rows = -(-len(levels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.1 * cols, 2.5 * rows), squeeze=False, sharex=True)
     for ax, level in zip(axes.ravel(), levels):
         part = table[table["level"] == level]
         cos = part["nn_cosine"].dropna().to_numpy(float)
@@ -188,8 +199,9 @@ def draw_nearest_neighbour_cosines(table: pd.DataFrame, thresholds: pd.DataFrame
                xlabel="nearest-neighbour cosine")
     for ax in axes.ravel()[len(levels):]:
         ax.set_visible(False)
-    axes[0, 0].set_ylabel("nodes")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("nodes")
     fig.suptitle("hard negatives: each node's most similar same-level node; dashed: magic.hard_negative_sim",
-                 fontsize=9)
+                 fontsize=10)
     fig.tight_layout()
     return fig

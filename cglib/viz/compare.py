@@ -18,10 +18,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from cglib.evaluate.multiplicity import holm
 from cglib.evaluate.report import is_percent, model_label, objective_family
 from cglib.figure_data import replottable
+from cglib.viz.style import PAGE_WIDTH, fit_title
 
 # Okabe-Ito colours (distinct under the common colour-vision deficiencies), one hue per objective family.
 FAMILY_COLORS = {"none": "#000000", "clip": "#0072B2", "group": "#D55E00", "text": "#009E73", "zoo": "#CC79A7"}
@@ -122,13 +124,21 @@ def difference_takeaway(cells: pd.DataFrame, what: str, reference: str = "zero-s
 
 
 def _grid(n_panels: int, per_row: int = PANELS_PER_ROW) -> tuple[int, int]:
-    ncols = min(per_row, n_panels)
-    return math.ceil(n_panels / ncols), ncols
+    """(rows, columns) for `n_panels` with at most `per_row` a row and rows as evenly filled as can be (4 panels
+    at 3 a row: 2 x 2, not 3 + 1)."""
+    nrows = math.ceil(n_panels / per_row)
+    return nrows, math.ceil(n_panels / nrows)
 
 
 def legend_below(fig: Figure, handles: list, ncol: int) -> None:
-    """A figure legend under the panels, outside every axes (never over data)."""
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False)
+    """A figure legend under the panels, outside every axes (never over data), in at most `ncol` columns and as
+    many as fit the figure's width (a wider legend would widen the saved image)."""
+    renderer = fig.canvas.get_renderer()
+    for n in range(max(1, min(ncol, len(handles))), 0, -1):
+        legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=n, frameon=False)
+        if n == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+            return
+        fig.legends.remove(legend)
 
 
 @replottable
@@ -137,13 +147,14 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
                                    labels: Sequence[str] | None = None, levels: Sequence[str] | None = None,
                                    families: Mapping[str, str] | None = None, exposed: Collection[str] = (),
                                    reference: str = "zero-shot", ci: float = 0.95,
-                                   panel_size: tuple[float, float] = (3.1, 0.3), title: str | None = None) -> Figure:
+                                   panel_size: tuple[float, float] = (1.75, 0.3), title: str | None = None) -> Figure:
     """One panel per (label source, level), at most 4 a row: each model's paired difference from `reference` as a
     dot with its CI, models sorted by their mean difference (best on top, same order in every panel), a filled dot
     where the difference survives Holm's correction over all the figure's cells, an open one elsewhere, and 0 drawn.
 
     `families` (model -> objective family, `model_families(results.info["models"])`) colours the dots; `exposed`
-    models (training saw the evaluation strings) carry a dagger. `panel_size` is (width, height per model) in inches.
+    models (training saw the evaluation strings) carry a dagger. `panel_size` is (width, height per model) in inches;
+    the figure is at most `style.PAGE_WIDTH` wide, narrower panels where a wider one would not fit.
     """
     table = differences_from_reference(differences, benchmark, metric, direction, labels, levels, reference, ci)
     families = dict(families or {})
@@ -154,7 +165,7 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
     per_source_rows, ncols = _grid(len(level_list))
     nrows = per_source_rows * len(sources)
     height = max(1.6, panel_size[1] * len(order) + 1.0)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols + 1.4, height * nrows),
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(PAGE_WIDTH, panel_size[0] * ncols + 1.4), height * nrows),
                              sharex=True, sharey=True, squeeze=False)
     y = {model: i for i, model in enumerate(order)}
     for s, source in enumerate(sources):
@@ -167,7 +178,7 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
                 ax.hlines(y[r["model"]], r["ci_low"], r["ci_high"], color=color, linewidth=2.0, zorder=2)
                 ax.plot(r["difference"], y[r["model"]], marker="o", markersize=7, color=color, zorder=3,
                         markerfacecolor=color if r["significant"] else "white", markeredgewidth=1.5)
-            ax.set_title(f"{SOURCE_TITLES.get(source, source)} · {level}", fontsize=11)
+            ax.set_title(f"{SOURCE_TITLES.get(source, source)} · {level}", fontsize=10)
             ax.grid(axis="y", color="0.92")
     for ax in axes.flat[len(sources) * per_source_rows * ncols:]:
         ax.set_visible(False)
@@ -175,11 +186,11 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
         row[0].set_yticks(range(len(order)), [model_label(m, m in set(exposed)) for m in order])
     for ax in axes.flat:
         ax.set_ylim(-0.6, len(order) - 0.4)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=3))  # more labels would run into the next narrow panel's
         if not ax.get_title():
             ax.set_visible(False)
     unit = "points" if is_percent(metric) else metric
-    for ax in axes[-1]:
-        ax.set_xlabel(f"model − {reference} ({unit})")
+    fig.supxlabel(f"model − {reference} ({unit})", fontsize=11)  # one label: a panel is narrower than its text
     n = int(np.isfinite(table["p_value"]).sum())
     handles = family_handles([families.get(m, "") for m in order]) + [
         Line2D([], [], color="0.3", marker="o", linestyle="", label=f"significant (Holm over {n} cells)"),
@@ -187,7 +198,7 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
     legend_below(fig, handles, ncol=min(5, len(handles)))
     title = title or (f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}: each "
                       f"model minus {reference} (paired {100 * ci:.0f}% CI)")
-    fig.suptitle(textwrap.fill(title, 16 * ncols + 40), fontsize=12)  # a long title would widen the saved figure
+    fig.suptitle(fit_title(title, fig, 12), fontsize=12)
     fig.tight_layout()
     return fig
 
@@ -195,7 +206,7 @@ def plot_difference_from_reference(differences: pd.DataFrame, benchmark: str = "
 @replottable
 def plot_gains(gains: pd.DataFrame, questions: Mapping[str, str] | None = None,
                panel_size: tuple[float, float] = (3.1, 0.32)) -> Figure:
-    """The paper's gain rows as a figure: one panel per gain (at most 4 a row, titled by its question when given),
+    """The paper's gain rows as a figure: one panel per gain (at most 3 a row, titled by its question when given),
     one dot and paired CI per Table 3 column (points), filled where Holm's correction over the gain cells keeps it,
     zero drawn; columns top to bottom in Table 3's order."""
     gains = gains[np.isfinite(gains["difference"].astype(float))]
@@ -203,8 +214,8 @@ def plot_gains(gains: pd.DataFrame, questions: Mapping[str, str] | None = None,
         raise ValueError("no gain row to draw: the run lacks the models on one side of every gain (see the notes)")
     order = list(dict.fromkeys(gains["gain"]))
     columns = list(dict.fromkeys(gains["column"]))
-    nrows, ncols = _grid(len(order))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols + 1.4,
+    nrows, ncols = _grid(len(order), per_row=3)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(PAGE_WIDTH, panel_size[0] * ncols + 1.4),
                                                     nrows * (panel_size[1] * len(columns) + 1.2)),
                              sharex=True, sharey=True, squeeze=False)
     y = {c: len(columns) - 1 - i for i, c in enumerate(columns)}
@@ -214,7 +225,7 @@ def plot_gains(gains: pd.DataFrame, questions: Mapping[str, str] | None = None,
             ax.hlines(y[r["column"]], r["ci_low"], r["ci_high"], color="0.3", linewidth=2.0, zorder=2)
             ax.plot(r["difference"], y[r["column"]], marker="o", markersize=7, color="0.1", zorder=3,
                     markerfacecolor="0.1" if r["significant"] else "white", markeredgewidth=1.5)
-        ax.set_title(textwrap.fill((questions or {}).get(gain, gain), 30), fontsize=10)
+        ax.set_title(textwrap.fill((questions or {}).get(gain, gain), 26), fontsize=10)
         ax.set_xlabel("gain (points)")
         ax.grid(axis="y", color="0.92")
     for ax in axes.flat[len(order):]:
@@ -226,7 +237,7 @@ def plot_gains(gains: pd.DataFrame, questions: Mapping[str, str] | None = None,
                               "cells)"),
                        Line2D([], [], color="0.1", marker="o", linestyle="", markerfacecolor="white",
                               label="not significant")], ncol=2)
-    fig.suptitle("What changed what: the gain rows under Table 3 (mean of one set of models minus another's, "
-                 "paired 95% CI)", fontsize=12)
+    fig.suptitle(fit_title("What changed what: the gain rows under Table 3 (mean of one set of models minus "
+                           "another's, paired 95% CI)", fig, 12), fontsize=12)
     fig.tight_layout()
     return fig

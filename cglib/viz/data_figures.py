@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from cglib.data.dataset import CaptionDataset, ImageLoadError
 from cglib.data.taxonomy import Taxonomy
 from cglib.figure_data import replottable
+from cglib.viz.style import PAGE_WIDTH, fit_title
 
 
 def caption_statistics(dataset: CaptionDataset) -> dict:
@@ -76,7 +77,7 @@ def sample_ids(dataset: CaptionDataset, n: int, seed: int = 0) -> list[str]:
 
 
 def image_grid(dataset: CaptionDataset, n: int = 12, columns: int = 4, seed: int = 0,
-               ground_truth: dict[str, list[str]] | None = None, caption_width: int = 34,
+               ground_truth: dict[str, list[str]] | None = None, caption_width: int = 30,
                caption_lines: int = 3) -> Figure:
     """A grid of `n` random images, each with its first caption (and its ground-truth l1 concept when given)."""
     rows, images = [], []
@@ -95,11 +96,12 @@ def image_grid(dataset: CaptionDataset, n: int = 12, columns: int = 4, seed: int
 
 @replottable
 def draw_image_grid(shown: pd.DataFrame, images: list[np.ndarray], source: str, columns: int = 4,
-                    labelled: bool = False, caption_width: int = 34, caption_lines: int = 3) -> Figure:
+                    labelled: bool = False, caption_width: int = 30, caption_lines: int = 3) -> Figure:
     """The grid of `image_grid`: `shown` has one row per cell (image_id, caption, readable, label); `images` holds
     the readable ones' pixels in the same order."""
     rows = int(np.ceil(len(shown) / columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(2.8 * columns, 3.3 * rows), squeeze=False)
+    width = min(2.8, PAGE_WIDTH / columns)  # the grid fits a 1,300 px page at 150 dpi
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, (width + 0.7) * rows), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
     pixels = iter(images)
@@ -115,9 +117,9 @@ def draw_image_grid(shown: pd.DataFrame, images: list[np.ndarray], source: str, 
             ax.text(0.02, 0.02, row["label"], transform=ax.transAxes, fontsize=8, color="white",
                     bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.5, "edgecolor": "none"})
     skipped = int((~shown["readable"].astype(bool)).sum())
-    fig.suptitle(f"{source}: {len(shown)} random images with one caption each"
-                 + (" (label: ground-truth l1 concept, never in a caption)" if labelled else "")
-                 + (f"; {skipped} unreadable" if skipped else ""), fontsize=10)
+    fig.suptitle(fit_title(f"{source}: {len(shown)} random images with one caption each"
+                           + (" (label: ground-truth l1 concept, never in a caption)" if labelled else "")
+                           + (f"; {skipped} unreadable" if skipped else ""), fig, 10), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -194,7 +196,7 @@ def draw_taxonomy(nodes: pd.DataFrame) -> Figure:
     levels = int(nodes["level"].max())
     n_leaves = int((nodes["level"] == 1).sum())
     at = {row["name"]: (row["x"], row["y"]) for _, row in nodes.iterrows()}
-    fig, ax = plt.subplots(figsize=(13, 0.2 * n_leaves + 1.0))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 0.2 * n_leaves + 1.0))
     for _, row in nodes.iterrows():
         if row["parent"] in at:
             (x0, y0), (x1, y1) = at[row["parent"]], at[row["name"]]
@@ -202,7 +204,7 @@ def draw_taxonomy(nodes: pd.DataFrame) -> Figure:
     palette = plt.get_cmap("tab10")
     for _, row in nodes.iterrows():
         # An opaque label box hides the edge under the label, so edges seem to leave from the label's end.
-        ax.text(row["x"], row["y"], row["name"], fontsize=7 if row["level"] == 1 else 8, va="center", ha="left",
+        ax.text(row["x"], row["y"], row["name"], fontsize=8, va="center", ha="left",
                 color=palette(int(row["top"]) % 10), zorder=3,
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
     for level in range(1, levels + 1):

@@ -159,8 +159,13 @@ def draw_dual_effect(points: pd.DataFrame) -> Figure:
     names = list(dict.fromkeys(points["panel"]))
     panels = [(name, _points(points[(points["panel"] == name) & (points["modality"] == "image")]),
                _points(points[(points["panel"] == name) & (points["modality"] == "text")])) for name in names]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.1 * len(panels), 3.6))
-    for ax, (name, image, text) in zip(np.atleast_1d(axes), panels, strict=True):
+    # at most 3 panels a row, rows evenly filled (4 panels: 2 x 2), so the figure fits a 1,300 px page at 150 dpi
+    nrows = -(-len(panels) // 3)
+    ncols = -(-len(panels) // nrows)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.8 * ncols, 3.2 * nrows), squeeze=False)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, image, text) in zip(axes.ravel(), panels):
         geometry = group_geometry(image, text)
         _map_panel(ax, image, text, f"{name}\nspread {geometry['within_group_spread']:.2f}, "
                                     f"separation {geometry['separation']:.2f}")

@@ -26,6 +26,7 @@ from cglib.viz.compare import (
     family_handles,
     legend_below,
 )
+from cglib.viz.style import PAGE_WIDTH, fit_title
 
 LABEL_TITLES = {"dag": "scored against the MAGIC DAG (magic.json)",
                 "ground_truth": "scored against the world's ground truth",
@@ -53,7 +54,7 @@ SOURCE_STYLES = {"dag": ("-", "o"), "ground_truth": ("--", "s"), "hierarcaps": (
 def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choice", metric: str = "accuracy",
                            direction: str = "t2i", labels: Sequence[str] | None = None,
                            levels: Sequence[str] | None = None, models: Sequence[str] | None = None,
-                           percent: bool = True, figsize_per_panel: tuple[float, float] = (3.1, 2.6),
+                           percent: bool = True, figsize_per_panel: tuple[float, float] = (1.9, 2.2),
                            seeds: pd.DataFrame | None = None, families: Mapping[str, str] | None = None,
                            reference: str = "zero-shot") -> Figure:
     """Small multiples: one panel per model (at most 4 a row, shared axes), the metric by level for each label
@@ -79,7 +80,8 @@ def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choic
     scale = 100.0 if percent else 1.0
     x = np.arange(len(level_list))
     nrows, ncols = math.ceil(len(model_list) / PANELS_PER_ROW), min(PANELS_PER_ROW, len(model_list))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(figsize_per_panel[0] * ncols + 0.8, figsize_per_panel[1] * nrows + 0.9),
+    width = min(PAGE_WIDTH, figsize_per_panel[0] * ncols + 0.8)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, figsize_per_panel[1] * nrows + 0.9),
                              sharex=True, sharey=True, squeeze=False)
 
     def values(model: str, source: str, column: str = "value") -> np.ndarray:
@@ -103,7 +105,7 @@ def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choic
         chance = rows.groupby("level")["chance"].mean().reindex(level_list).to_numpy(float)
         if np.isfinite(chance).any():
             ax.plot(x, scale * chance, color="0.4", linestyle=":", linewidth=1.2)
-        ax.set_title(f"{model} †" if exposed else model, fontsize=11, color=color)
+        ax.set_title(f"{model} †" if exposed else model, fontsize=10, color=color)
         ax.set_xticks(x, [LEVEL_TICKS.get(lv, lv) for lv in level_list])
     for ax in axes.flat[len(model_list):]:
         ax.set_visible(False)
@@ -115,12 +117,12 @@ def plot_accuracy_by_level(metrics: pd.DataFrame, benchmark: str = "forced_choic
     handles.append(Line2D([], [], color="0.6", label=f"{reference} (reference, in every panel)"))
     handles.append(Line2D([], [], color="0.4", linestyle=":", label="chance"))
     handles += family_handles([families.get(m, "") for m in model_list]) if families else []
-    legend_below(fig, handles, ncol=3)
+    legend_below(fig, handles, ncol=2)
     n_seeds = int(rows["n_seeds"].max()) if "n_seeds" in rows.columns and rows["n_seeds"].notna().any() else 1
-    fig.suptitle(f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}, by "
+    fig.suptitle(fit_title(f"{benchmark.replace('_', ' ')} {metric}, {DIRECTION_TITLES.get(direction, direction)}, by "
                  "abstraction level (concrete → abstract; 95% CI bands"
                  + (f"; mean of {n_seeds} training seeds" + (", thin lines: each seed)" if len(sources) == 1 else ")")
-                    if n_seeds > 1 else ")"),
+                    if n_seeds > 1 else ")"), fig, 12),
                  fontsize=12)
     fig.tight_layout()
     return fig

@@ -3,6 +3,7 @@ figure's data beside it: `cglib.figure_data`)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,15 @@ import cglib
 from cglib.figure_data import write_figure_data
 
 SUPPORTED_FORMATS = ("png", "pdf", "svg")
+# Every figure is drawn at most this wide, in inches: 1,260 px at the series' 150 dpi, inside a 1,300 px page, so
+# it is read at its own size with no font shrunk below 8 pt.
+PAGE_WIDTH = 8.4
+
+
+def fit_title(title: str, fig: Figure, fontsize: float) -> str:
+    """`title` wrapped onto as many lines as keep it inside `fig`'s width at `fontsize` (a suptitle wider than the
+    figure widens the saved image)."""
+    return textwrap.fill(title, max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize))))
 
 
 def apply_style() -> None:

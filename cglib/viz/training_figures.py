@@ -15,7 +15,7 @@ from cglib.data.image_cache import ImageCache
 from cglib.figure_data import replottable
 from cglib.magic.schema import MagicFile
 from cglib.train.sampler import GroupBatch
-from cglib.viz.style import apply_style
+from cglib.viz.style import PAGE_WIDTH, apply_style
 
 
 def read_logs(run_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -99,7 +99,7 @@ def draw_loss_curves(logs: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_group_batch(batch: GroupBatch, cache: ImageCache, magic: MagicFile, max_pairs: int = 8) -> Figure:
+def plot_group_batch(batch: GroupBatch, cache: ImageCache, magic: MagicFile, max_pairs: int = 6) -> Figure:
     """One group batch as an image grid: a row per group (anchor, hard negative or flagged fallback) with a text."""
     n = batch.shape[1]
     cols = min(n, max_pairs)
@@ -118,7 +118,9 @@ def draw_group_batch(rows: pd.DataFrame, pixels: np.ndarray, index: int, epoch: 
     (groups, shown pairs, H, W, 3)."""
     apply_style()
     m, cols = pixels.shape[:2]
-    fig, axes = plt.subplots(m, cols, figsize=(1.3 * cols + 3.2, 1.45 * m), squeeze=False)
+    # the images share what the names (left) and texts (right) leave of a 1,300 px page at 150 dpi
+    cell = min(1.3, (PAGE_WIDTH - 3.2) / cols)
+    fig, axes = plt.subplots(m, cols, figsize=(cell * cols + 3.2, (cell + 0.15) * m + 0.4), squeeze=False)
     for g, (_, row) in enumerate(rows.iterrows()):
         for k in range(cols):
             ax = axes[g, k]
@@ -127,9 +129,10 @@ def draw_group_batch(rows: pd.DataFrame, pixels: np.ndarray, index: int, epoch: 
             ax.set_yticks([])
             ax.grid(False)
         axes[g, 0].set_ylabel(f"{row['name']}\n({row['role']})", rotation=0, ha="right", va="center", fontsize=9)
-        axes[g, -1].text(1.08, 0.5, textwrap.fill(f'"{row["text"]}"', 34), transform=axes[g, -1].transAxes,
+        axes[g, -1].text(1.08, 0.5, textwrap.fill(f'"{row["text"]}"', 30), transform=axes[g, -1].transAxes,
                          va="center", fontsize=8)
     fig.suptitle(f"group batch {index} of epoch {epoch}: M={m} groups x N={pairs} pairs"
                  + (f" (first {cols} shown)" if cols < pairs else ""), fontsize=11)
     fig.tight_layout()
+    fig.subplots_adjust(wspace=0.05)  # images side by side; what tight_layout leaves between them is wasted width
     return fig
