@@ -51,7 +51,11 @@ th { background: #f3f3f3; }
 img.figure { max-width: 100%; border: 1px solid #eee; }
 .missing { color: #a33; }
 .floor { border-left: 4px solid #D55E00; background: #fff4ec; padding: 0.2em 1em; margin: 1em 0; }
-.gallery img { max-width: 48%; margin: 0.5%; border: 1px solid #eee; vertical-align: top; }
+.gallery { display: flex; flex-wrap: wrap; gap: 1em 2%; align-items: flex-start; }
+.gallery figure { width: 49%; margin: 0; }
+.gallery figure.wide { width: 100%; }
+.gallery img { max-width: 100%; border: 1px solid #eee; }
+.gallery figcaption { font-size: 0.8em; color: #555; }
 """
 NAV_STYLE = """
 nav.cglib-report { font-family: system-ui, sans-serif; padding: 0.5em 1em; background: #f3f3f3;
@@ -300,12 +304,27 @@ def _fig4_section(run_dir: Path, report: Report) -> str:
             f'<img class="figure" src="{_copy_figure(path, report)}" alt="Fig. 4">')
 
 
+WIDE_FIGURE = 1.8  # width / height above which a figure takes a whole row: at half a row its text is too small
+
+
+def is_wide(path: Path) -> bool:
+    """Whether the PNG at `path` is wider than `WIDE_FIGURE` times its height (read from its header only)."""
+    from PIL import Image  # lazy: only the gallery needs it
+
+    with Image.open(path) as image:
+        width, height = image.size
+    return width > WIDE_FIGURE * height
+
+
 def _figures_section(run_dir: Path, report: Report) -> str:
+    """Every figure of the run, two a row, a wide one alone on its row; each captioned by its name and linked to
+    the full-size image."""
     figures = [p for p in sorted((run_dir / "figures").glob("*.png")) if p.stem != FIG4_STEM]
     if not figures:
         return ""
-    items = "".join(f'<a href="{src}"><img src="{src}" alt="{html.escape(p.stem)}" title="{html.escape(p.stem)}">'
-                    "</a>" for p in figures for src in [_copy_figure(p, report)])
+    items = "".join(f'<figure class="{"wide" if is_wide(p) else "half"}"><a href="{src}"><img src="{src}" '
+                    f'alt="{name}" title="{name}"></a><figcaption><a href="{src}">{name}</a></figcaption></figure>'
+                    for p in figures for src, name in [(_copy_figure(p, report), html.escape(p.stem))])
     return f'<h2>All figures</h2><div class="gallery">{items}</div>'
 
 

@@ -410,6 +410,50 @@ def test_report_pages_load_offline_without_errors(driver, small_run, tmp_path):
     assert problems == []
 
 
+GALLERY_STATE = """
+const gallery = document.querySelector(".gallery");
+return {width: gallery.clientWidth, scroll_width: document.documentElement.scrollWidth,
+        figures: Array.from(gallery.querySelectorAll("figure")).map(f => {
+            const img = f.querySelector("img"), caption = f.querySelector("figcaption");
+            return {kind: f.className, shown: img.clientWidth, natural: img.naturalWidth, top: f.offsetTop,
+                    caption: caption ? caption.innerText : "", caption_height: caption ? caption.offsetHeight : 0};
+        })};
+"""
+
+
+def test_the_report_gallery_at_1300_px(driver, tmp_path):
+    """The index's gallery in a 1,300 px window: a wide figure (1,260 x 500 px) is shown across the whole row,
+    nearly at its own size; two ordinary ones share a row at half of it; every figure shows its caption, and the
+    page does not scroll sideways."""
+    import matplotlib.pyplot as plt
+    from test_report import REPO
+
+    from cglib.report import build_report
+
+    run = tmp_path / "run"
+    (run / "figures").mkdir(parents=True)
+    shutil.copy(REPO / "params" / "classroom.yaml", run / "params.yaml")
+    for stem, size in (("06_gains", (8.4, 3.33)), ("07_umap_centroids", (6.0, 5.0)), ("search_history", (8.0, 6.0))):
+        fig, ax = plt.subplots(figsize=size)
+        ax.plot([0, 1], [0, 1])
+        fig.savefig(run / "figures" / f"{stem}.png", dpi=150)
+        plt.close(fig)
+    report = build_report(run)
+    driver.set_window_size(REPORT_WIDTH, 1000)
+    try:
+        _load_report_page(driver, report.index)
+        state = driver.execute_script(GALLERY_STATE)
+    finally:
+        driver.set_window_size(1400, 1000)
+    wide, *halves = state["figures"]
+    assert [f["caption"] for f in state["figures"]] == ["06_gains", "07_umap_centroids", "search_history"]
+    assert all(f["caption_height"] > 0 for f in state["figures"])
+    assert wide["kind"] == "wide" and wide["natural"] == 1260 and wide["shown"] >= 0.95 * state["width"], wide
+    assert [f["kind"] for f in halves] == ["half", "half"] and halves[0]["top"] == halves[1]["top"] > wide["top"]
+    assert all(0.4 * state["width"] <= f["shown"] <= 0.5 * state["width"] for f in halves), halves
+    assert state["scroll_width"] <= REPORT_WIDTH
+
+
 def test_report_math_typesets_offline_from_the_folder(driver, tmp_path):
     """Notebook 04's page (Eqs. 1-8), opened from disk: MathJax (bundled in the report folder) typesets every
     equation with no "[Math Processing Error]" and no raw `$$` left, and every file it asked for was there."""

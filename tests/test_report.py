@@ -18,6 +18,7 @@ import pytest
 from cglib.cli import main as cli_main
 from cglib.report import INJECTED_NOTE, clean_notebook, nav_links
 
+REPO = Path(__file__).resolve().parent.parent
 IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 
 
@@ -267,3 +268,28 @@ def test_clean_notebook_writes_the_run_folder_relative_to_it(tmp_path):
     assert stream["text"] == "run: .   wrote magic/stats.json\n"
     assert display["data"] == {"text/plain": "figures/a.png", "text/html": "<code>figures/a.png</code>"}
     assert error["evalue"] == "x missing" and error["traceback"] == ["File /usr/lib/python3/x.py, reading x"]
+
+
+def test_the_index_gallery_gives_wide_figures_a_row_and_every_figure_a_caption_and_link(tmp_path):
+    """In the index's gallery a figure wider than 1.8 times its height takes a whole row (at half a row its text
+    is unreadable), the others half a row; each is captioned by its name and links to its full-size image."""
+    from cglib.report import build_report
+
+    run = tmp_path / "run"
+    (run / "figures").mkdir(parents=True)
+    shutil.copy(REPO / "params" / "classroom.yaml", run / "params.yaml")
+    for stem, size in (("03_magic_levels", (8.4, 2.0)), ("07_umap_centroids", (6.0, 5.0)),
+                       ("just_wide_enough", (3.7, 2.0)), ("not_quite_wide", (3.5, 2.0))):
+        fig, ax = plt.subplots(figsize=size)
+        ax.plot([0, 1], [0, 1])
+        fig.savefig(run / "figures" / f"{stem}.png", dpi=50)
+        plt.close(fig)
+    index = (build_report(run).index).read_text(encoding="utf-8")
+    gallery = index[index.index('<div class="gallery">'):]
+    for stem, kind in (("03_magic_levels", "wide"), ("07_umap_centroids", "half"), ("just_wide_enough", "wide"),
+                      ("not_quite_wide", "half")):
+        src = f"figures/{stem}.png"
+        assert (f'<figure class="{kind}"><a href="{src}"><img src="{src}" alt="{stem}" title="{stem}"></a>'
+                f'<figcaption><a href="{src}">{stem}</a></figcaption></figure>') in gallery, stem
+    assert ".gallery figure.wide { width: 100%; }" in index
+    assert report_problems(run / "report") == []
