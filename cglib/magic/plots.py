@@ -31,7 +31,7 @@ def draw_level_distributions(nodes: pd.DataFrame, l_max: int, size_min: int | No
     rows = -(-(len(levels) + 1) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.6 * rows), squeeze=False)
     for ax in axes.ravel()[len(levels) + 1:]:
-        ax.set_visible(False)
+        fig.delaxes(ax)  # an empty cell of the grid; the figure keeps one axes per panel
     axes = axes.ravel()
     counts = [int((nodes["level"] == k).sum()) for k in levels]
     axes[0].bar([f"l{k}" for k in levels], counts, color="C0")
@@ -45,7 +45,7 @@ def draw_level_distributions(nodes: pd.DataFrame, l_max: int, size_min: int | No
         ax.set_xlabel("images per node")
         if size_min:
             ax.axvline(size_min, color="k", ls="--", lw=1)
-    for ax in axes[1::cols]:
+    for ax in axes[cols::cols]:  # the first panel of every later row (the first row's is the bar chart)
         ax.set_ylabel("nodes")
     fig.tight_layout()
     return fig

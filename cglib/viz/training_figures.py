@@ -118,8 +118,9 @@ def draw_group_batch(rows: pd.DataFrame, pixels: np.ndarray, index: int, epoch: 
     (groups, shown pairs, H, W, 3)."""
     apply_style()
     m, cols = pixels.shape[:2]
-    # the images share what the names (left) and texts (right) leave of a 1,300 px page at 150 dpi
-    cell = min(1.3, (PAGE_WIDTH - 3.2) / cols)
+    # the images share what the names (left) and texts (right) leave of a 1,300 px page at 150 dpi; the texts
+    # reach a little past the figure's edge, hence the 0.4 in kept free
+    cell = min(1.2, (PAGE_WIDTH - 0.4 - 3.2) / cols)
     fig, axes = plt.subplots(m, cols, figsize=(cell * cols + 3.2, (cell + 0.15) * m + 0.4), squeeze=False)
     for g, (_, row) in enumerate(rows.iterrows()):
         for k in range(cols):
