@@ -100,6 +100,7 @@ def _head(phrase: str) -> str:
     return phrase.rsplit(" ", 1)[-1]
 
 
+@lru_cache(maxsize=1 << 16)  # inflect checks its argument types on every call: a phrase is worded once
 def _article(phrase: str) -> str:
     """The phrase as one item of a list: plural-only and mass nouns bare, else "a"/"an" chosen by sound."""
     if _head(phrase) in PLURAL_ONLY or _head(phrase) in MASS_NOUNS:  # "binoculars", "traffic": no article
