@@ -193,6 +193,8 @@ def test_offline_captions_drop_lone_verbs_and_word_settings() -> None:
     assert offline_generalize(["a kite in the sky", "a kite in the sky"], 1)[0] == ["a scene with a kite in the sky"]
     assert offline_generalize(["a bridge at night", "a bridge at night"], 1)[0] == ["a scene with a bridge at night"]
     assert offline_generalize(["a dog on grass", "a dog on the grass"], 1)[0] == ["a scene with a dog on the grass"]
+    captions, meta = offline_generalize(["It is.", "So it was."], 1)  # no phrase at all: the fallback, worded too
+    assert captions == ["a scene with an everyday object"] and meta["weak"]
 
 
 def test_offline_generalizer_model_names_the_wording() -> None:

@@ -231,7 +231,7 @@ def offline_generalize(captions: list[str], n: int) -> tuple[list[str], dict[str
     top_setting = next(((p, prep) for p, prep, k in found.settings if k >= min_share), None)
     weak = not shared_objects
     if weak:  # nothing is shared: use the most frequent phrases anyway, and say so in the meta
-        shared_objects = [p for p, _ in found.objects[:3]] or ["everyday objects"]
+        shared_objects = [p for p, _ in found.objects[:3]] or ["everyday object"]  # "an everyday object"
     setting = _setting(top_setting[0], top_setting[1]) if top_setting else ""
     out: list[str] = []
     for j in range(n * 4):
