@@ -2,6 +2,12 @@
 one by llm.backend (`openai` asks the LLM; `offline`, and `oracle` which has nothing to say about captions, use
 `OfflineGeneralizer`, a deterministic counter of the phrases the captions share).
 
+The offline captions are worded by `inflect` ("an hour", "a uniform": the article by sound) and short lists of
+this module: mass nouns take no article ("traffic", "water"), plural heads that the conservative concept
+canonicalization keeps are made singular here ("skis" -> "ski", "wine glasses" -> "wine glass"), settings of which
+there is one take "the" ("in the sky") and times of day none ("at night"). Only the captions' wording uses them:
+concept names are canonicalized as before.
+
 Below the engine (`cglib.llm.engine` estimates the generalization requests with these backends, and
 `generalize_requests` runs them through the engine), so neither imports the other in a function.
 """
@@ -12,8 +18,11 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import inflect
 
 from cglib.config import Params
 from cglib.llm.base import Backend, GroupRequest, Job, Outcome, Report
@@ -37,6 +46,9 @@ going goes taking takes showing shows watching watches having posing poses place
 big small large little tiny huge tall short long old young new white black red blue green yellow orange
 brown pink purple gray grey dark light bright colorful colourful navy teal beige gold golden silver
 striped spotted dotted plain checkered wooden various different same empty full open closed
+piece pieces slice slices half halves body kind kinds type types variety assortment
+row rows pile piles pairs portion portions
+like past doing stopped high ready hit painted run cut throw serve need either grassy see took photographed
 """
 FUNCTION_WORDS = frozenset(_FUNCTION_WORDS.split())
 SETTING_WORDS = frozenset({"in", "at", "on", "inside"})
@@ -46,16 +58,82 @@ TEMPLATES = ("a scene with {objects}{setting}", "{objects}{setting}", "a photo s
 SIZES = (3, 2, 4, 1, 3)
 
 
+# Uncountable nouns of everyday scenes: a scene with "traffic", "water", "a pizza and food", never "a traffic".
+_MASS_NOUNS = """
+traffic water grass snow food furniture sand dirt mud gravel hay rice meat bread broccoli cauliflower spinach
+lettuce cabbage cheese butter cream sauce soup gravy pasta spaghetti cereal oatmeal dressing frosting icing
+chocolate candy fruit produce seafood wine beer coffee tea milk juice luggage baggage equipment gear clothing
+laundry foliage scenery graffiti garbage trash rubbish debris lumber wood smoke fog rain sunlight
+daylight shade lighting hair fur ice money art artwork asphalt pavement
+machinery hardware software wildlife livestock cattle poultry mail weather tennis soccer golf hockey chess music
+coral toast popcorn flour sugar salt
+"""
+MASS_NOUNS = frozenset(_MASS_NOUNS.split())
+# Plural heads that concept canonicalization keeps or gets wrong, made singular before it sees them: nouns in -i
+# (it leaves every -is word whole: "tennis"), and a few in -us/-ves/-ses it does not list.
+PLURAL_HEADS = {"skis": "ski", "taxis": "taxi", "kiwis": "kiwi", "bikinis": "bikini", "martinis": "martini",
+                "safaris": "safari", "khakis": "khaki", "rabbis": "rabbi", "yetis": "yeti", "tsunamis": "tsunami",
+                "salamis": "salami", "wikis": "wiki", "delis": "deli", "chilis": "chili", "alibis": "alibi",
+                "menus": "menu", "emus": "emu", "gnus": "gnu", "tofus": "tofu", "canvases": "canvas",
+                "sheaves": "sheaf"}
+# "glasses" after one of these is drinking glasses ("wine glasses" -> "wine glass"), not eyewear.
+DRINKING_GLASS = frozenset({"wine", "champagne", "juice", "water", "beer", "drinking", "shot", "martini",
+                            "cocktail", "milk"})
+# Words that canonicalization keeps as they are but that are singular nouns: "a canvas", "a lens".
+SINGULAR_IN_S = frozenset({"canvas", "atlas", "bias", "alias", "lens", "series", "species", "cosmos", "texas",
+                           "vegas", "kansas", "christmas", "overseas", "whereas", "perhaps", "always"})
+PLURAL_ONLY = INVARIANT - SINGULAR_IN_S  # "binoculars", "jeans", "news": no article
+# Settings of which a scene has one: "in the sky", "in the air", "on the ground".
+ONE_OF_A_KIND = frozenset({"sky", "air", "ground", "ocean", "sea", "sun", "moon", "wind", "distance",
+                           "background", "foreground", "horizon", "dark", "open", "countryside", "wild"})
+# Times of day take no article: "at night".
+TIMES_OF_DAY = frozenset({"night", "nighttime", "daytime", "dusk", "dawn", "sunset", "sunrise", "noon",
+                          "midnight", "twilight"})
+
+
+@lru_cache(maxsize=1)
+def _inflect() -> inflect.engine:
+    return inflect.engine()
+
+
+def _head(phrase: str) -> str:
+    return phrase.rsplit(" ", 1)[-1]
+
+
+@lru_cache(maxsize=1 << 16)  # inflect checks its argument types on every call: a phrase is worded once
 def _article(phrase: str) -> str:
-    if phrase.rsplit(" ", 1)[-1] in INVARIANT:  # plural-only nouns: "binoculars", not "a binoculars"
+    """The phrase as one item of a list: plural-only and mass nouns bare, else "a"/"an" chosen by sound."""
+    if _head(phrase) in PLURAL_ONLY or _head(phrase) in MASS_NOUNS:  # "binoculars", "traffic": no article
         return phrase
-    return f"{'an' if phrase[:1] in 'aeiou' else 'a'} {phrase}"
+    return _inflect().a(phrase)
+
+
+def _setting(phrase: str, preposition: str) -> str:
+    """The setting after its preposition: "at night", "in the sky", "on the grass", "in a kitchen"."""
+    head = _head(phrase)
+    if head in TIMES_OF_DAY or head in PLURAL_ONLY:  # "at night", "in jeans"
+        return f" {preposition} {phrase}"
+    if head in ONE_OF_A_KIND or head in MASS_NOUNS:
+        return f" {preposition} the {phrase}"
+    return f" {preposition} {_article(phrase)}"
+
+
+def _singular_head(words: list[str]) -> list[str]:
+    """The run with a plural head that canonicalization would keep made singular ("skis" -> "ski")."""
+    head = words[-1]
+    if head == "glasses" and len(words) > 1 and words[-2] in DRINKING_GLASS:
+        head = "glass"
+    return [*words[:-1], PLURAL_HEADS.get(head, head)]
 
 
 NOUNS_IN_ING = frozenset({"building", "ceiling", "clothing", "painting", "wedding", "evening", "morning", "icing",
                           "frosting", "stuffing", "railing", "awning", "sibling", "pudding", "bedding", "dumpling",
                           "seasoning", "topping", "filling", "landing", "crossing", "lightning", "earring",
                           "stocking", "sculpting", "offering", "gathering", "opening"})
+
+
+HEAD_NOUNS_AFTER_NOUN = frozenset({"light", "lights", "lot", "lots", "piece", "pieces", "slice", "slices"})
+CAN_NOUNS = frozenset({"watering", "trash", "garbage", "soda", "beer", "paint", "tin", "oil"})  # "a watering can"
 
 
 def _is_verb_ing(token: str) -> bool:
@@ -67,7 +145,10 @@ def caption_phrases(caption: str) -> list[tuple[str, str]]:
     one stands right before the run (a setting candidate), else "".
 
     Runs end at function words, punctuation and (inside a run) -ing verbs ("a dog sleeping"); a run's
-    first word may end in -ing ("living room"). Phrases keep at most the last 3 words, head singularized.
+    first word may end in -ing ("living room"), but an -ing verb alone is no phrase ("a man skiing"). "light",
+    "lot", "piece" and "slice" right after a content word are its head noun ("traffic light", "parking lot",
+    "chess piece"), elsewhere function words ("light blue", "a lot of", "a piece of cake"); so is "can" after
+    "watering", "trash"... Phrases keep at most the last 3 words, head singularized.
     """
     tokens = re.findall(r"[a-z]+|[,.;:!?()]", caption.lower())
     phrases: list[tuple[str, str]] = []
@@ -76,12 +157,15 @@ def caption_phrases(caption: str) -> list[tuple[str, str]]:
     prep = ""
 
     def close() -> None:
-        phrase = canonicalize(" ".join(run[-MAX_PHRASE_WORDS:]))
-        if len(phrase) >= 3:
+        phrase = canonicalize(" ".join(_singular_head(run[-MAX_PHRASE_WORDS:])))
+        if len(phrase) >= 3 and not (len(run) == 1 and _is_verb_ing(run[0])):
             phrases.append((phrase, prep))
         run.clear()
 
     for tok in [*tokens, "."]:
+        if run and (tok in HEAD_NOUNS_AFTER_NOUN or (tok in ("can", "cans") and run[-1] in CAN_NOUNS)):
+            run.append(tok)
+            continue
         boundary = tok in FUNCTION_WORDS or not tok.isalpha() or (run and _is_verb_ing(tok))
         if boundary:
             if run:
@@ -147,8 +231,8 @@ def offline_generalize(captions: list[str], n: int) -> tuple[list[str], dict[str
     top_setting = next(((p, prep) for p, prep, k in found.settings if k >= min_share), None)
     weak = not shared_objects
     if weak:  # nothing is shared: use the most frequent phrases anyway, and say so in the meta
-        shared_objects = [p for p, _ in found.objects[:3]] or ["everyday objects"]
-    setting = f" {top_setting[1]} {_article(top_setting[0])}" if top_setting else ""
+        shared_objects = [p for p, _ in found.objects[:3]] or ["everyday object"]  # "an everyday object"
+    setting = _setting(top_setting[0], top_setting[1]) if top_setting else ""
     out: list[str] = []
     for j in range(n * 4):
         if len(out) == n:
@@ -171,7 +255,7 @@ class OfflineGeneralizer(Backend):
     """Generalized captions from shared phrases; deterministic, no network, never sees the concept name."""
 
     name = "offline"
-    model = "shared-phrases-v1"
+    model = "shared-phrases-v2"  # v2: grammatical wording (articles, mass nouns, -i plurals)
     prompt_version = None
     streaming = False
 
