@@ -22,6 +22,7 @@ from cglib.distributed import DistInfo
 from cglib.encoding import encode_texts
 from cglib.models import build_model
 from cglib.prepare import load_inputs
+from cglib.prepare.inputs import keyword_permuter
 from cglib.train import ensure_initial
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.inputs import related_methods, run_spec
@@ -144,6 +145,7 @@ def one_step_each(run_dir: Path, info: DistInfo) -> dict:
         bundle = build_model(run.params.model)
         load_weights(bundle.model, run_dir / "training" / "initial.safetensors")
         inputs = load_inputs(run, bundle.image_size, progress=False, info=info)
+        inputs.permuter = keyword_permuter(run.params, [entry])  # as prepare_inputs adds it for clip_hn
         sampler = GroupBatchSampler(inputs.magic, 4, 3, seed=0)
         objective = build_objective(run.params, entry, run_spec(run.params, entry)["run"])
         objective.setup(Setup(bundle, lambda bundle=bundle: bundle, sampler, inputs, run.params, entry, 0, 1,
