@@ -118,7 +118,8 @@ def test_a_run_refuses_inputs_of_other_groups(tmp_path):
 
     run = make_run(tmp_path, runs=[{"name": "ng", "loss": "clip", "groups": "ngram", "text_source": "original"}])
     inputs = load_inputs(run, 32, progress=False)
-    with pytest.raises(ValueError, match="groups='ngram'"):
+    with pytest.raises(ValueError, match=r"these inputs hold magic groups; prepare them with "
+                                         r"cglib\.prepare\.prepare_inputs\(run, names=\['ng'\]\)"):
         Trainer(run, run_entry(run.params, "ng"), inputs, DistInfo(), None, False)
     runs = [{"name": "ng", "loss": "clip", "groups": "ngram", "text_source": "original"}]
     with pytest.raises(ParamsError, match="tune a groups: magic run"):
