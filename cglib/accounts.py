@@ -1,6 +1,7 @@
 """Run accounts: per stage, what it kept, skipped by reason and failed by reason, read from the files the stages
-write, with each stage's own account (the LLM stages', training's per run and seed with the image cache's, the
-search study's), and the terminal lines `cglib run` and `cglib status` print from them.
+write, with each stage's own account (the LLM stages', the preparation's before training, training's per run and
+seed with the image cache's, the search study's), and the terminal lines `cglib run` and `cglib status` print
+from them.
 
 Nothing here is derived by subtraction: every number is one a stage recorded, and a stage whose files come from
 another attempt (an earlier run, a reused trained run) is named as such instead of being added to this attempt.
@@ -100,6 +101,15 @@ def _generalize(summary: dict, resume: Resume | None) -> dict:
     return out
 
 
+def _prepare(account: dict) -> dict:
+    """The preparation stage (training/prepare.json, written by cglib.prepare before training): the MAGIC images it
+    cached for training (rows from an earlier build or built now); its images skipped by reason are training's too
+    (its image cache line), counted once there."""
+    cache = account.get("image_cache") or {}
+    return {"kept": cache.get("from_earlier_build", 0) + cache.get("built_now", 0), "unit": "images cached for training",
+            "skipped": {}, "failed": {}, "account": account}
+
+
 def _training(run_dir: Path, summaries: list[Path], resume: Resume | None, attempt_started: str | None) -> dict:
     """Per run and training seed, the account of the attempt that finished it (steps and epochs kept from a
     checkpoint, trained now, repeated after a kill), the image cache's account, and the runs an interrupted
@@ -144,7 +154,7 @@ def _search(summary: dict) -> dict:
 def stage_summaries(run_dir: Path, resume: Resume | None = None) -> dict[str, dict]:
     """Per stage that has run: what it kept, skipped by reason and failed by reason, read from the files the
     stages write (captions/summary.json, abstraction/summary.json and generalize_summary.json, magic/stats.json,
-    training/*/summary.json, evaluation/results.json, search/*/search.json), with each stage's account (the LLM
+    training/prepare.json, training/*/summary.json, evaluation/results.json, search/*/search.json), with each stage's account (the LLM
     stages', training's per run and seed with the image cache's, the search study's). A stage whose files are
     older than an earlier stage's last run is marked `earlier_run` (its numbers come from another run).
     `resume`: the command that resumes a stage stopped in notebook NN, as a function of NN
@@ -177,6 +187,10 @@ def stage_summaries(run_dir: Path, resume: Resume | None = None) -> dict[str, di
                         "failed": {f"generalization (original captions kept): {k}": v
                                    for k, v in _counts(generalization.get("failure_reasons")).items()}}
         ran_at["magic"] = _mtime(run_dir / "magic" / "stats.json")
+    prepared = _read_json(run_dir / "training" / "prepare.json")
+    if prepared:
+        out["prepare"] = _prepare(prepared)
+        ran_at["prepare"] = _mtime(run_dir / "training" / "prepare.json")
     summaries = sorted((run_dir / "training").glob("*/summary.json")) + sorted(
         (run_dir / "training").glob("seed*/*/summary.json"))  # training seed 0, then seeds k > 0
     if summaries or list((run_dir / "training").glob("**/checkpoints/last.pt")):
@@ -199,8 +213,9 @@ def stage_summaries(run_dir: Path, resume: Resume | None = None) -> dict[str, di
             out[f"search {path.parent.name}"] = _search(study)
     stages = list(ran_at)
     for k, stage in enumerate(stages):  # a stage older than one it builds on is another run's result
+        # (the preparation runs again before every training call, which then reuses its trained runs: it dates none)
         newer = [up for up in stages[:k] if ran_at[up] is not None and ran_at[stage] is not None
-                 and ran_at[up] > ran_at[stage]]
+                 and ran_at[up] > ran_at[stage] and up != "prepare"]
         if newer:
             up = newer[-1]
             out[stage]["earlier_run"] = {"written": _iso(ran_at[stage]), "before": up, "before_ran": _iso(ran_at[up])}
@@ -270,12 +285,34 @@ def summary_lines(stages: dict[str, dict]) -> list[str]:
         lines.append(line)
         if stage in ("abstraction", "generalize"):
             lines += _llm_lines(s)
+        elif stage == "prepare":
+            lines += _prepare_lines(s["account"])
         elif stage == "training":
             lines += _training_lines(s)
         elif stage.startswith("search "):
             from cglib.search.study import account_line  # lazy: optuna, only for a run that searched
 
             lines.append(" " * 15 + account_line(s["trials"]))
+    return lines
+
+
+def _prepare_lines(a: dict) -> list[str]:
+    """What the preparation built now and found built, its groups, RE items and base corpus, and its seconds."""
+    pad = " " * 15
+    lines = [f"{pad}built now: {'; '.join(a.get('built') or []) or 'nothing'}",
+             f"{pad}found built: {'; '.join(a.get('reused') or []) or 'nothing'}"]
+    groups = a.get("groups") or {}
+    if groups:
+        lines.append(pad + "groups: " + "; ".join(f"{g} {v['l1_groups']} l1 groups over {v['images']} images"
+                                                  for g, v in groups.items()))
+    if a.get("re_items"):
+        lines.append(pad + "RE items: " + "; ".join(f"{name} {v['items']} ({v['data']})"
+                                                    for name, v in a["re_items"].items()))
+    base = a.get("base") or {}
+    if base.get("needed_for_seeds") and "images" in base:
+        lines.append(f"{pad}base corpus: {base['corpus']}, {base['images']} images, for training seeds "
+                     f"{base['needed_for_seeds']}")
+    lines.append(f"{pad}{a.get('wall_s')} s wall, {a.get('cpu_s')} s CPU")
     return lines
 
 

@@ -99,6 +99,18 @@ class RunContext:
         return self.params.run.device
 
 
+CHUNK_BYTES = 1 << 20
+
+
+def file_digest(path: str | Path, algorithm: str) -> str:
+    """Hex digest (`md5`, `sha256`, ...) of a file, read in 1 MiB chunks."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def training_dir(run_dir: str | Path, k: int = 0) -> Path:
     """Where training seed k's base and runs live: `<run>/training/` for k = 0 (the layout of one-seed runs),
     `<run>/training/seed<k>/` otherwise."""

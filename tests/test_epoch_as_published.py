@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from factories import tiny_magic
+from prepared_runs import train_one_prepared
 
 from cglib.magic.files import save_magic
 from cglib.train.epochs import PublishedPairsEpoch
@@ -227,7 +228,7 @@ def test_the_authors_epoch_trains_and_reports_its_size(tmp_path):
     small for it is an error naming the fix, and 0 in epoch_sizes."""
     from test_train import make_run
 
-    from cglib.train import train_one
+
 
     magic, _ = tiny_magic(per_group=12)
     sizes = epoch_sizes(magic, 2, 5)
@@ -237,7 +238,7 @@ def test_the_authors_epoch_trains_and_reports_its_size(tmp_path):
     with pytest.raises(ValueError, match="keeps no batch.*lower pairs_per_group"):
         GroupBatchSampler(magic, 2, 500, 0, epoch="pairs_as_published")
     run = make_run(tmp_path, epoch="pairs_as_published", runs=[{"name": "p", "loss": "pairwise"}])
-    summary = train_one(run, "p", progress=False)
+    summary = train_one_prepared(run, "p", progress=False)
     assert summary["steps"] > 0 and summary["epoch_kind"] == "pairs_as_published" and summary["empty_steps"] == 0
 
 
@@ -268,7 +269,7 @@ def test_empty_steps_are_skipped_counted_and_resume_exactly(tmp_path):
     with exactly the weights and log of an uninterrupted run."""
     from test_train import _interrupt_at, make_run
 
-    from cglib.train import train_one
+
 
     def prepared(directory):
         magic, dataset = world_with_empty_steps()
@@ -279,7 +280,7 @@ def test_empty_steps_are_skipped_counted_and_resume_exactly(tmp_path):
 
     whole = prepared(tmp_path / "whole")
     rows = []
-    summary = train_one(whole, "p", progress=False, on_step=rows.append)
+    summary = train_one_prepared(whole, "p", progress=False, on_step=rows.append)
     sampler = GroupBatchSampler(world_with_empty_steps()[0], 3, 3, whole.train_seed, epoch="pairs_as_published")
     expected = [sampler.batch(e, k).empty for e in range(2) for k in range(len(sampler))]
     assert summary["steps"] == 2 * len(sampler) == 2 * summary["steps_per_epoch"]
@@ -299,8 +300,8 @@ def test_empty_steps_are_skipped_counted_and_resume_exactly(tmp_path):
     parts = prepared(tmp_path / "parts")
     first_empty = next(r["global_step"] for r in rows if r["empty"] and r["global_step"] > 1)
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "p", progress=False, on_step=_interrupt_at(first_empty))
-    resumed = train_one(parts, "p", progress=False)
+        train_one_prepared(parts, "p", progress=False, on_step=_interrupt_at(first_empty))
+    resumed = train_one_prepared(parts, "p", progress=False)
     assert resumed["resumed_from_step"] == first_empty and resumed["empty_steps"] == summary["empty_steps"]
     (a, log_a), (b, log_b) = _final_and_log(whole.dir), _final_and_log(parts.dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

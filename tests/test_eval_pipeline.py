@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from prepared_runs import train_all_prepared
 
 from cglib.data.dataset import save_ground_truth
 from cglib.evaluate import evaluate_run, load_results, load_scores, paper
@@ -90,12 +91,12 @@ def test_trained_models_are_compared_on_identical_items(tmp_path):
     """Two trained runs and the zero-shot model: same items for every model (same n per row), paired
     differences for every pair, exposure marked for the run pretrained on concept names, Table 3 and Fig. 4
     regenerated from the saved files alone."""
-    from cglib.train import train_all
+
     from cglib.viz.eval_figures import plot_accuracy_by_level
 
     run = make_run(tmp_path, runs=[{"name": "clip", "loss": "clip"},
                                    {"name": "pairwise", "loss": "pairwise", "pretrain": "with_concepts"}])
-    train_all(run, progress=False)
+    train_all_prepared(run, progress=False)
     result = evaluate_run(run, progress=False)
     m = result.metrics
     assert result.models == ["zero-shot", "clip", "pairwise"]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from prepared_runs import train_all_prepared
 
 from cglib.evaluate import report
 from cglib.evaluate.bootstrap import (
@@ -176,7 +177,6 @@ def test_two_seed_run_reports_means_over_seeds_with_n_seeds(tmp_path):
 
     from cglib.evaluate import evaluate_run, load_results
     from cglib.run import open_run
-    from cglib.train import train_all
     from cglib.viz.eval_figures import plot_accuracy_by_level
 
     run = make_run(tmp_path, runs=[{"name": "clip", "loss": "clip"}])
@@ -184,7 +184,7 @@ def test_two_seed_run_reports_means_over_seeds_with_n_seeds(tmp_path):
     raw["train"]["seeds"] = [0, 1]
     (tmp_path / "params" / "tiny.yaml").write_text(yaml.safe_dump(raw))
     run = open_run(tmp_path / "params" / "tiny.yaml", run.dir)
-    train_all(run, progress=False)
+    train_all_prepared(run, progress=False)
     result = evaluate_run(run, progress=False)
     m, seeds = result.metrics, load_results(run.dir).seeds
     assert (m["n_seeds"] == 2).all() and (result.differences["n_seeds"] == 2).all()

@@ -16,6 +16,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+from prepared_runs import train_all_prepared
 
 from cglib.figure_data import load_call, replot, replottable, saved_stems, write_figure_data
 from cglib.viz.style import apply_style, save_figure
@@ -249,12 +250,11 @@ def test_a_finished_runs_figures_are_redrawn_from_their_data(tmp_path):
     """Every figure `cglib figures` rebuilds from a real finished run (trained and evaluated) leaves its data,
     and the copy of those files alone redraws each one plotting exactly what the rebuild did."""
     from cglib.evaluate.pipeline import evaluate_run
-    from cglib.train import train_all
     from cglib.viz.figures import VizRun, build_figures, figure_jobs, replot_figures
     from tests.test_viz_figures import _run_with_data
 
     run = _run_with_data(tmp_path / "finished")
-    train_all(run, progress=False)
+    train_all_prepared(run, progress=False)
     evaluate_run(run, progress=False)
     report = build_figures(run.dir, progress=False)
     assert not report.failed

@@ -6,6 +6,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,8 @@ def lint_imports(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_layers_hold():
-    """import-linter keeps the contract: cli > report > pipeline > accounts > viz > search > evaluate > train > magic > llm >
-    data > models > ... > config, with no exception (params validation reaches the objectives and benchmarks a
+    """import-linter keeps the contract: cli > report > pipeline > accounts > viz > search > evaluate > train >
+    prepare > magic > llm > data > models > ... > config, with no exception (params validation reaches the objectives and benchmarks a
     file names through registries of import paths, cglib/config/objectives and eval.benchmarks' loader)."""
     text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert "ignore_imports" not in text
@@ -154,3 +155,93 @@ def test_the_cycle_walk_sees_in_function_relative_and_type_checking_imports(tmp_
         (tmp_path / "cglib" / name).write_text(text, encoding="utf-8")
     assert import_cycles(tmp_path) == [["cglib.a", "cglib.b"], ["cglib.e", "cglib.sub.f_module"],
                                        ["cglib.sub.c", "cglib.sub.d"]]
+
+
+# Training receives its data prepared (cglib.prepare): from the layers that build data it imports the types it is
+# handed, and nothing that builds, loads or renders. Each entry is a class; a new one belongs here only when training
+# is handed an object of it.
+DATA_LAYERS = ("cglib.data", "cglib.magic", "cglib.llm")
+TRAIN_DATA_TYPES = {
+    "cglib.data.dataset": {"CaptionDataset"},
+    "cglib.data.image_cache": {"ImageCache"},
+    "cglib.data.hierarcaps_train": {"REItem"},
+    "cglib.data.permute": {"KeywordPermuter"},
+    "cglib.magic.schema": {"MagicFile"},
+}
+
+
+CGLIB_MODULES = set(package_modules(REPO))
+
+
+def data_layer_imports(source: str, module: str, is_package: bool = False) -> list[tuple[int, str, str | None]]:
+    """(line, module, name) of every import from cglib.data, cglib.magic or cglib.llm in `source` (the module
+    `module`): top level, inside functions and under TYPE_CHECKING alike, relative ones resolved; name None for a
+    whole-module import (`import cglib.data.x`, `from cglib import data`)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            source_module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                whole = f"{source_module}.{alias.name}"
+                if whole in CGLIB_MODULES:  # `from cglib import data`, `from cglib.data import sources`: modules
+                    found.append((node.lineno, whole, None))
+                else:
+                    found.append((node.lineno, source_module, alias.name))
+    return [(line, m, name) for line, m, name in found if m in DATA_LAYERS or m.startswith(
+        tuple(f"{layer}." for layer in DATA_LAYERS))]
+
+
+def untyped_data_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The imports of `source` from the data layers that are not an allowed type (TRAIN_DATA_TYPES), described."""
+    offenders = []
+    for line, source_module, name in data_layer_imports(source, module, is_package):
+        if name is None:
+            offenders.append(f"{module}:{line}: imports the module {source_module}")
+        elif name not in TRAIN_DATA_TYPES.get(source_module, set()):
+            offenders.append(f"{module}:{line}: imports {name} from {source_module} (not a type training is handed)")
+    return offenders
+
+
+def test_training_imports_only_the_types_it_is_handed_from_the_data_layers():
+    """Every name a module of cglib/train imports from cglib.data, cglib.magic or cglib.llm (at any depth) is one of
+    TRAIN_DATA_TYPES, and each of those is a class: training builds no data of its own."""
+    import importlib
+    import inspect
+
+    for source_module, names in TRAIN_DATA_TYPES.items():
+        for name in names:
+            assert inspect.isclass(getattr(importlib.import_module(source_module), name)), (source_module, name)
+    train = {name: path for name, path in package_modules(REPO).items() if name.split(".")[:2] == ["cglib", "train"]}
+    assert len(train) > 30 and "cglib.train.objectives.clip_hn" in train  # the walk sees the whole package
+    offenders, imported = [], 0
+    for name, path in train.items():
+        source = path.read_text(encoding="utf-8")
+        imported += len(data_layer_imports(source, name, path.name == "__init__.py"))
+        offenders += untyped_data_imports(source, name, path.name == "__init__.py")
+    assert imported >= 5  # the types themselves are seen
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_data_import_check_catches_functions_modules_and_hidden_imports():
+    """The check is not vacuous: a function imported at the top, one inside a function, a module under
+    TYPE_CHECKING, a relative import and a type of another module are each reported; a listed type is not."""
+    source = textwrap.dedent("""\
+        from typing import TYPE_CHECKING
+        from cglib.magic.ngram import build_ngram_groups
+        from cglib.data.image_cache import ImageCache
+        if TYPE_CHECKING:
+            import cglib.llm.engine
+        def f():
+            from cglib.data.image_cache import build_image_cache  # lazy: test
+            from ..data import sources
+            from cglib.magic.files import MagicFile
+        """)
+    offenders = untyped_data_imports(source, "cglib.train.fake")
+    assert [o.split(":")[1] for o in offenders] == ["2", "5", "7", "8", "9"], offenders
+    assert "build_ngram_groups from cglib.magic.ngram" in offenders[0]
+    assert "the module cglib.llm.engine" in offenders[1]
+    assert "the module cglib.data.sources" in offenders[3]

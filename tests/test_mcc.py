@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
+from prepared_runs import train_one_prepared
 from reference_losses import ref_mcc_loss
 from safetensors.torch import load_file
 from test_train import _final_and_log, _interrupt_at, make_run
 
 from cglib.losses import mcc_loss
-from cglib.train import train_one
 from cglib.train.objectives.concept_head import ConceptBank, build_head
 
 
@@ -67,7 +67,7 @@ def test_an_mcc_run_trains_its_head_and_resumes_bit_exactly(tmp_path):
     it is marked exposed (l1 concept names condition it)."""
     runs = [{"name": "mcc", "loss": "mcc"}]
     whole = make_run(tmp_path / "whole", runs=runs)
-    summary = train_one(whole, "mcc", progress=False)
+    summary = train_one_prepared(whole, "mcc", progress=False)
     assert summary["mcc"]["concepts"] == 6 and summary["exposed_to_eval_strings"] is True
     assert summary["steps"] == 2 * 6 and summary["sampler"]["group_source"] == "magic"
     out = whole.dir / "training" / "mcc"
@@ -78,8 +78,8 @@ def test_an_mcc_run_trains_its_head_and_resumes_bit_exactly(tmp_path):
 
     parts = make_run(tmp_path / "parts", runs=runs)
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "mcc", progress=False, on_step=_interrupt_at(4))  # inside image-text epoch 0
-    resumed = train_one(parts, "mcc", progress=False)
+        train_one_prepared(parts, "mcc", progress=False, on_step=_interrupt_at(4))  # inside image-text epoch 0
+    resumed = train_one_prepared(parts, "mcc", progress=False)
     assert resumed["resumed_from_step"] == 4
     expected, expected_log = _final_and_log(whole, "mcc")
     got, got_log = _final_and_log(parts, "mcc")
@@ -95,14 +95,14 @@ def test_ngram_group_runs_train_on_original_captions(tmp_path):
     runs = [{"name": "ng_clip", "loss": "clip", "groups": "ngram", "text_source": "original"},
             {"name": "ng_mcc", "loss": "mcc", "groups": "ngram", "text_source": "original"}]
     run = make_run(tmp_path, runs=runs, epochs=1)
-    clip = train_one(run, "ng_clip", progress=False)
+    clip = train_one_prepared(run, "ng_clip", progress=False)
     ngram = json.loads((run.dir / "magic" / "ngram.json").read_text())
     groups = [k for k, n in ngram["nodes"].items() if n["level"] == 1]
     assert clip["sampler"]["group_source"] == "ngram" and clip["sampler"]["group_source"] == clip["spec"]["run"]["groups"]
     assert clip["sampler"]["text_source"] == "original" and clip["sampler"]["groups_per_batch"] == 2
     assert clip["sampler"]["ngram"]["l1_groups"] == len(groups) >= 2
     assert clip["steps"] == len(groups)  # train.epoch groups: one batch per training group
-    mcc = train_one(run, "ng_mcc", progress=False)
+    mcc = train_one_prepared(run, "ng_mcc", progress=False)
     assert mcc["mcc"]["concepts"] == len(groups) and mcc["exposed_to_eval_strings"] is False
     assert mcc["data_fingerprint"] == clip["data_fingerprint"]  # the same n-gram file, reused
 
@@ -112,12 +112,14 @@ def test_a_run_refuses_inputs_of_other_groups(tmp_path):
     an n-gram run (its validation split is carved from MAGIC)."""
     from cglib.config import ParamsError, parse_params
     from cglib.distributed import DistInfo
-    from cglib.train.inputs import load_inputs, run_entry
+    from cglib.prepare import load_inputs
+    from cglib.train.inputs import run_entry
     from cglib.train.trainer import Trainer
 
     run = make_run(tmp_path, runs=[{"name": "ng", "loss": "clip", "groups": "ngram", "text_source": "original"}])
     inputs = load_inputs(run, 32, progress=False)
-    with pytest.raises(ValueError, match="groups='ngram'"):
+    with pytest.raises(ValueError, match=r"these inputs hold magic groups; prepare them with "
+                                         r"cglib\.prepare\.prepare_inputs\(run, names=\['ng'\]\)"):
         Trainer(run, run_entry(run.params, "ng"), inputs, DistInfo(), None, False)
     runs = [{"name": "ng", "loss": "clip", "groups": "ngram", "text_source": "original"}]
     with pytest.raises(ParamsError, match="tune a groups: magic run"):
@@ -130,15 +132,15 @@ def test_an_mcc_run_after_textual_pretraining_resumes_bit_exactly(tmp_path):
     uninterrupted one (weights, log, head)."""
     runs = [{"name": "mccp", "loss": "mcc", "pretrain": "leakage_free"}]
     whole = make_run(tmp_path / "whole", runs=runs)
-    summary = train_one(whole, "mccp", progress=False)
+    summary = train_one_prepared(whole, "mccp", progress=False)
     pre_steps = summary["pretrain_steps"]
     assert pre_steps >= 2
     parts = make_run(tmp_path / "parts", runs=runs)
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "mccp", progress=False, on_step=_interrupt_at(1))
+        train_one_prepared(parts, "mccp", progress=False, on_step=_interrupt_at(1))
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "mccp", progress=False, on_step=_interrupt_at(pre_steps + 3))
-    assert train_one(parts, "mccp", progress=False)["resumed_from_step"] == pre_steps + 3
+        train_one_prepared(parts, "mccp", progress=False, on_step=_interrupt_at(pre_steps + 3))
+    assert train_one_prepared(parts, "mccp", progress=False)["resumed_from_step"] == pre_steps + 3
     expected, expected_log = _final_and_log(whole, "mccp")
     got, got_log = _final_and_log(parts, "mccp")
     assert all(torch.equal(expected[k], got[k]) for k in expected) and got_log == expected_log

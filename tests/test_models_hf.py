@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from prepared_runs import train_all_prepared
 
 from cglib.config import ModelParams, Params, ParamsError, parse_params
 from cglib.encoding import encode_images, encode_texts, pixels_to_tensor
@@ -273,11 +274,11 @@ def test_training_and_load_trained_with_an_hf_checkpoint(hf_dir, tmp_path):
     from safetensors.torch import load_file
     from test_train import make_run
 
-    from cglib.train import load_trained, train_all
+    from cglib.train import load_trained
 
     runs = [{"name": "clip", "loss": "clip"}, {"name": "pw", "loss": "pairwise", "pretrain": "leakage_free"}]
     run = make_run(tmp_path, model={"source": "hf", "name": str(hf_dir)}, epochs=1, runs=runs)
-    summaries = train_all(run, progress=False)
+    summaries = train_all_prepared(run, progress=False)
     assert summaries["clip"]["model"]["activation"] == "quick_gelu"
     initial = load_file(str(tmp_path / "training" / "initial.safetensors"))
     reference = transformers.CLIPModel.from_pretrained(hf_dir).state_dict()

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from float_tolerance import ADAM_EPS, trained_tolerance
+from prepared_runs import train_all_prepared, train_one_prepared
 from pydantic import ValidationError
 from test_train import _final_and_log, _interrupt_at, make_run
 from test_train_distributed import free_port
@@ -20,10 +21,12 @@ from cglib.config import TrainRunParams
 from cglib.distributed import DistInfo
 from cglib.encoding import encode_texts
 from cglib.models import build_model
-from cglib.train import ensure_initial, train_one
+from cglib.prepare import load_inputs
+from cglib.prepare.inputs import keyword_permuter
+from cglib.train import ensure_initial
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.inputs import related_methods, run_spec
-from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
+from cglib.train.loop import GroupBatchData, GroupTask, Stepper, set_trainable, wrap
 from cglib.train.objectives import FAMILIES, OBJECTIVES, Objective, Setup, build_objective, objective_class
 from cglib.train.sampler import GroupBatchSampler
 from cglib.weights import load_weights
@@ -111,7 +114,7 @@ def test_your_own_objective_trains_resumes_exactly_and_is_reported(tmp_path, plu
     settings = {"runs": [{"name": "triplet", "loss": OWN}]}
     whole = make_run(tmp_path / "whole", **settings)
     assert objective_class(OWN).__module__ == "my_objectives"
-    summary = train_one(whole, "triplet", progress=False)
+    summary = train_one_prepared(whole, "triplet", progress=False)
     assert summary["objective"] == "centroid_triplet" and summary["objective_family"] == "group"
     assert summary["objective_label"] == "triplet loss over group centroids"
     assert summary["related"] == [f"your own objective ({OWN})"] == related_methods(whole.params.train.runs[0])
@@ -120,9 +123,9 @@ def test_your_own_objective_trains_resumes_exactly_and_is_reported(tmp_path, plu
 
     parts = make_run(tmp_path / "parts", **settings)
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "triplet", progress=False, on_step=_interrupt_at(3))
+        train_one_prepared(parts, "triplet", progress=False, on_step=_interrupt_at(3))
     assert load_checkpoint(parts.dir / "training/triplet/checkpoints/last.pt")["objective"] == {}
-    assert train_one(parts, "triplet", progress=False)["resumed_from_step"] == 3
+    assert train_one_prepared(parts, "triplet", progress=False)["resumed_from_step"] == 3
     got, got_log = _final_and_log(parts, "triplet")
     assert all(torch.equal(expected[k], got[k]) for k in expected) and got_log == expected_log
 
@@ -142,6 +145,7 @@ def one_step_each(run_dir: Path, info: DistInfo) -> dict:
         bundle = build_model(run.params.model)
         load_weights(bundle.model, run_dir / "training" / "initial.safetensors")
         inputs = load_inputs(run, bundle.image_size, progress=False, info=info)
+        inputs.permuter = keyword_permuter(run.params, [entry])  # as prepare_inputs adds it for clip_hn
         sampler = GroupBatchSampler(inputs.magic, 4, 3, seed=0)
         objective = build_objective(run.params, entry, run_spec(run.params, entry)["run"])
         objective.setup(Setup(bundle, lambda bundle=bundle: bundle, sampler, inputs, run.params, entry, 0, 1,
@@ -203,15 +207,15 @@ def test_every_image_text_objective_under_ddp_equals_one_process(tmp_path, plugi
 def test_a_trial_run_reuses_the_rows_beside_and_trains_only_yours(tmp_path, plugin_path):
     """trial_run (notebook 09) shares the run's data, copies the base and the named trained rows (train_all
     reuses them: same spec, same summary) and trains only the new entry; unknown or clashing names are errors."""
-    from cglib.train import train_all
+
     from cglib.train.trial_run import trial_run
 
     run = make_run(tmp_path / "run", runs=[{"name": "clip", "loss": "clip"}, {"name": "pw", "loss": "pairwise"}])
-    trained = train_one(run, "clip", progress=False)
+    trained = train_one_prepared(run, "clip", progress=False)
     trial = trial_run(run, [{"name": "triplet", "loss": OWN}], beside=["clip"])
     assert [r.name for r in trial.params.train.runs] == ["clip", "triplet"]
     assert (trial.dir / "magic").resolve() == (run.dir / "magic").resolve()
-    summaries = train_all(trial, progress=False)
+    summaries = train_all_prepared(trial, progress=False)
     reused = summaries["clip"]  # reused, not retrained: the summary written by the first training
     assert (reused["spec_hash"], reused["wall_time_s"]) == (trained["spec_hash"], trained["wall_time_s"])
     assert summaries["triplet"]["objective"] == "centroid_triplet" and summaries["triplet"]["steps"] > 0

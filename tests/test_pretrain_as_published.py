@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 import yaml
+from prepared_runs import train_one_prepared
 from safetensors.torch import load_file
 from test_train import _final_and_log, _interrupt_at, make_run
 from test_train_distributed import torchrun_train
 
 from cglib.run import RunContext
-from cglib.train import train_one
 from cglib.train.objectives import TextAlignment
 from cglib.train.pretrain import PublishedTextPairSampler, _chain
 from tests.factories import tiny_magic
@@ -77,15 +77,15 @@ def test_a_run_trains_the_scale_and_resumes_exactly(tmp_path):
     """The model's logit scale moves in pretraining (the authors train it), the summary names the pairs, and a run
     interrupted in pretraining resumes to the same weights and log."""
     whole = make_run(tmp_path / "whole", **SETTINGS)
-    summary = train_one(whole, "pp", progress=False)
+    summary = train_one_prepared(whole, "pp", progress=False)
     assert summary["pretraining"]["pairs"] == "as_published" and summary["exposed_to_eval_strings"]
     start = load_file(str(tmp_path / "whole" / "training" / "initial.safetensors"))["logit_scale"]
     final = load_file(str(tmp_path / "whole" / "training" / "pp" / "final.safetensors"))["logit_scale"]
     assert not torch.equal(start, final) and 0 <= float(final) <= math.log(100)
     parts = make_run(tmp_path / "parts", **SETTINGS)
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "pp", progress=False, on_step=_interrupt_at(3))
-    train_one(parts, "pp", progress=False)
+        train_one_prepared(parts, "pp", progress=False, on_step=_interrupt_at(3))
+    train_one_prepared(parts, "pp", progress=False)
     (w1, log1), (w2, log2) = _final_and_log(whole, "pp"), _final_and_log(parts, "pp")
     assert log1 == log2 and all(torch.equal(w1[k], w2[k]) for k in w1)
 
@@ -111,7 +111,7 @@ def test_the_authors_pretraining_under_torchrun_equals_one_process(tmp_path):
     from cglib.config import load_params
 
     torch.set_num_threads(1)
-    train_one(RunContext(params=load_params(params_path), dir=single_dir), "pp", progress=False)
+    train_one_prepared(RunContext(params=load_params(params_path), dir=single_dir), "pp", progress=False)
     got = load_file(str(distributed_dir / "training/pp/final.safetensors"))
     expected = load_file(str(single_dir / "training/pp/final.safetensors"))
     assert not torch.equal(expected["logit_scale"], load_file(str(single_dir / "training/initial.safetensors"))[

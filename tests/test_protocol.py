@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from prepared_runs import train_one_prepared
 
 from cglib.config import MagicParams, Params, TrainParams, load_params
 from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX, protocol_value
@@ -152,19 +153,19 @@ def test_a_learned_clip_scale_trains_clamps_saves_and_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
     from test_train import _final_and_log, _interrupt_at, make_run
 
-    from cglib.train import train_one
+
 
     runs = [{"name": "c", "loss": "clip", "options": {"logit_scale": "learned"}}]
     whole = make_run(tmp_path / "whole", runs=runs, lr=5e-2)
-    summary = train_one(whole, "c", progress=False)
+    summary = train_one_prepared(whole, "c", progress=False)
     start = float(load_file(str(tmp_path / "whole" / "training" / "initial.safetensors"))["logit_scale"])
     saved = load_file(str(tmp_path / "whole" / "training" / "c" / "logit_scale.safetensors"))["logit_scale"]
     assert 0 <= float(saved) <= math.log(100) and float(saved) != pytest.approx(min(start, math.log(100)), abs=1e-6)
     assert summary["logit_scale"]["final_exp"] == pytest.approx(math.exp(float(saved)))
     parts = make_run(tmp_path / "parts", runs=runs, lr=5e-2)
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "c", progress=False, on_step=_interrupt_at(3))
-    train_one(parts, "c", progress=False)
+        train_one_prepared(parts, "c", progress=False, on_step=_interrupt_at(3))
+    train_one_prepared(parts, "c", progress=False)
     (w1, log1), (w2, log2) = _final_and_log(whole, "c"), _final_and_log(parts, "c")
     assert log1 == log2 and all(torch.equal(w1[k], w2[k]) for k in w1)
     again = load_file(str(tmp_path / "parts" / "training" / "c" / "logit_scale.safetensors"))["logit_scale"]

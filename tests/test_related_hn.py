@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from prepared_runs import train_one_prepared
 from reference_losses import ref_clip_hn_loss, ref_clip_loss
 
 from cglib.data.permute import KINDS, KeywordPermuter, coco_permuter, cyclic, pairs, synthetic_permuter
@@ -178,7 +179,6 @@ def test_clip_hn_training_counts_pairs_without_a_keyword(tmp_path, freeze_text):
     from test_train import make_run
 
     from cglib.magic.files import save_magic
-    from cglib.train import train_one
     from cglib.train.objectives.keyword_negatives import batch_hard_negatives
     from cglib.train.sampler import GroupBatchSampler
 
@@ -187,7 +187,7 @@ def test_clip_hn_training_counts_pairs_without_a_keyword(tmp_path, freeze_text):
     dataset.save(tmp_path / "captions")
     run = make_run(tmp_path, model={"freeze_text": freeze_text}, epochs=2,
                    runs=[{"name": "hn", "loss": "clip_hn", "text_source": "original"}])
-    summary = train_one(run, "hn", progress=False)
+    summary = train_one_prepared(run, "hn", progress=False)
     hn = summary["hard_negatives"]
     assert summary["loss"] == "clip_hn" and np.isfinite(summary["final_loss"])
     assert hn["pairs"] == hn["with_hard_negative"] + hn["pairs_without_keyword"] + hn["pairs_without_other_text"]

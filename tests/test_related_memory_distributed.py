@@ -16,8 +16,9 @@ from test_train_distributed import free_port
 from cglib.distributed import DistInfo
 from cglib.encoding import encode_texts
 from cglib.models import build_model
+from cglib.prepare import load_inputs
 from cglib.train import ensure_initial
-from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
+from cglib.train.loop import GroupBatchData, GroupTask, Stepper, set_trainable, wrap
 from cglib.train.objectives import MemoryCentroid
 from cglib.train.objectives.concept_memory import initial_memory
 from cglib.train.sampler import GroupBatchSampler

@@ -87,7 +87,8 @@ def training(tmp_path_factory) -> dict:
     first.wait(timeout=60)
     assert first.returncode == -signal.SIGKILL, f"not killed in seed 1's second epoch: {first.stdout.read()[-2000:]}"
     out = {"run_dir": run_dir, "per_epoch": per_epoch, "logged_before_resume": _log_rows(log1),
-           "interrupted": stage_summaries(run_dir, resume=resume_command(params, run_dir))}
+           "interrupted": stage_summaries(run_dir, resume=resume_command(params, run_dir)),
+           "prepare_first": json.loads((run_dir / "training" / "prepare.json").read_text())}
     second = _train(params, run_dir)
     text = second.communicate(timeout=300)[0]
     assert second.returncode == 0, text[-3000:]
@@ -95,6 +96,7 @@ def training(tmp_path_factory) -> dict:
     out["seed1"] = json.loads((run_dir / "training" / "seed1" / "clip" / "summary.json").read_text())
     out["log1"] = _log_rows(log1)
     out["stages"] = stage_summaries(run_dir)
+    out["prepare_second"] = json.loads((run_dir / "training" / "prepare.json").read_text())
     # a third attempt, as a later `cglib run` starts it (run.json's `started`, written before notebook 05 trains):
     # both runs are finished for these params and reused
     time.sleep(1.1)  # the times have whole seconds
@@ -149,6 +151,31 @@ def test_status_lines_show_the_interrupted_run_then_each_runs_account(training):
     assert (f"image cache {cache['size']}px: {cache['images']} images = {cache['images']} from an earlier build + 0 "
             "built now + 0 skipped") in lines
     assert training["stages"]["training"]["kept"] == 2 and "interrupted" not in training["stages"]["training"]
+
+
+def test_the_preparation_is_a_stage_of_its_own_built_then_reused(training):
+    """`python -m cglib.train` prepares the inputs before training (training/prepare.json): the first attempt
+    built the image cache of every MAGIC image, the second found it built; `cglib status` shows the stage line
+    "prepare" before training's, with what it built and found built and its seconds, and no run of training is
+    dated by it."""
+    first, second = training["prepare_first"], training["prepare_second"]
+    n = len(tiny_magic()[0].images)
+    assert first["runs"] == ["clip"] and first["training_seeds"] == [0, 1]
+    assert "image cache of the MAGIC images" in first["built"] and first["image_cache"]["built_now"] == n
+    assert "image cache of the MAGIC images" in second["reused"] and second["image_cache"]["from_earlier_build"] == n
+    assert first["groups"]["magic"]["images"] == n and first["base"] == {"needed_for_seeds": []}
+    assert first["wall_s"] > 0 and first["cpu_s"] >= 0
+    stages = training["stages"]
+    assert list(stages) == ["prepare", "training"] and stages["prepare"]["kept"] == n
+    assert "earlier_run" not in stages["training"]
+    lines = summary_lines(stages)
+    at = lines.index(next(line for line in lines if line.startswith("  prepare ")))
+    assert lines[at] == f"  prepare      kept {n} images cached for training; skipped 0; failed 0"
+    assert lines[at + 1].strip() == "built now: nothing"
+    assert lines[at + 2].strip() == "found built: image cache of the MAGIC images"
+    assert lines[at + 3].strip().startswith(f"groups: magic {len(tiny_magic()[0].nodes_at(1))} l1 groups over {n}")
+    assert lines[at + 4].strip() == f"{second['wall_s']} s wall, {second['cpu_s']} s CPU"
+    assert next(k for k, line in enumerate(lines) if line.startswith("  training ")) > at + 4
 
 
 def test_a_reused_run_says_so_instead_of_repeating_the_earlier_attempts_account(training):

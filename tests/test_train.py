@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from factories import tiny_magic
+from prepared_runs import train_all_prepared, train_one_prepared
 from safetensors.torch import load_file
 
 from cglib.config import Params
@@ -19,9 +20,10 @@ from cglib.distributed import DistInfo
 from cglib.encoding import encode_texts
 from cglib.magic.files import save_magic
 from cglib.models import build_model
+from cglib.prepare import load_inputs
 from cglib.run import RunContext
-from cglib.train import LOG_COLUMNS, load_trained, summary_table, train_all, train_one, weights_moved_note
-from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
+from cglib.train import LOG_COLUMNS, load_trained, summary_table, weights_moved_note
+from cglib.train.loop import GroupBatchData, GroupTask, Stepper, set_trainable, wrap
 from cglib.train.objectives import objective_with
 from cglib.train.optim import amp_dtype, build_optimizer, warmup_cosine
 from cglib.train.sampler import GroupBatchSampler
@@ -151,7 +153,7 @@ def trained(tmp_path_factory):
     run = make_run(tmp_path_factory.mktemp("trained"),
                    runs=[{"name": "clip", "loss": "clip"},
                          {"name": "pairwise", "loss": "pairwise", "pretrain": "with_concepts"}])
-    summaries = train_all(run, progress=False)
+    summaries = train_all_prepared(run, progress=False)
     return run, summaries
 
 
@@ -221,7 +223,7 @@ def test_a_finished_run_is_reused_not_retrained(trained):
     run, summaries = trained
     final = run.dir / "training" / "clip" / "final.safetensors"
     stamp = final.stat().st_mtime_ns
-    again = train_one(run, "clip", progress=False)
+    again = train_one_prepared(run, "clip", progress=False)
     assert final.stat().st_mtime_ns == stamp
     assert again["spec_hash"] == summaries["clip"]["spec_hash"]
 
@@ -264,17 +266,17 @@ def test_resume_after_interrupt_is_bit_exact(tmp_path):
     settings = {"model": {"freeze_text": False}, "grad_accum": 2,
                 "runs": [{"name": "pw", "loss": "pairwise", "pretrain": "leakage_free"}], "pretrain_epochs": 2}
     whole = make_run(tmp_path / "whole", **settings)
-    train_one(whole, "pw", progress=False)
+    train_one_prepared(whole, "pw", progress=False)
 
     parts = make_run(tmp_path / "parts", **settings)
     pre_steps = json.loads((whole.dir / "training/pw/summary.json").read_text())["pretrain_steps"]
     assert pre_steps >= 2
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "pw", progress=False, on_step=_interrupt_at(1))  # inside textual pretraining
+        train_one_prepared(parts, "pw", progress=False, on_step=_interrupt_at(1))  # inside textual pretraining
     assert (parts.dir / "training/pw/checkpoints/last.pt").is_file()
     with pytest.raises(KeyboardInterrupt):
-        train_one(parts, "pw", progress=False, on_step=_interrupt_at(pre_steps + 2))  # mid image-text epoch 1
-    summary = train_one(parts, "pw", progress=False)
+        train_one_prepared(parts, "pw", progress=False, on_step=_interrupt_at(pre_steps + 2))  # mid image-text epoch 1
+    summary = train_one_prepared(parts, "pw", progress=False)
     assert summary["resumed_from_step"] == pre_steps + 2
     assert not (parts.dir / "training/pw/checkpoints/last.pt").exists()
 
@@ -289,10 +291,10 @@ def test_a_checkpoint_of_other_params_is_not_resumed(tmp_path):
     """Changed params make the old checkpoint stale: the run starts over with a warning instead of resuming it."""
     run = make_run(tmp_path, epochs=1)
     with pytest.raises(KeyboardInterrupt):
-        train_one(run, "clip", progress=False, on_step=_interrupt_at(2))
+        train_one_prepared(run, "clip", progress=False, on_step=_interrupt_at(2))
     changed = make_run(tmp_path, epochs=1, lr=5e-4)
     with pytest.warns(UserWarning, match="written for other params"):
-        summary = train_one(changed, "clip", progress=False)
+        summary = train_one_prepared(changed, "clip", progress=False)
     assert summary["resumed_from_step"] is None and summary["steps"] == 6
 
 
@@ -300,12 +302,12 @@ def test_a_checkpoint_of_other_params_is_not_resumed(tmp_path):
 def test_bad_params_give_clear_errors(tmp_path):
     """M above the number of groups, a group loss with M = 1 and an unknown run name fail before training."""
     with pytest.raises(ValueError, match="groups_per_batch .*exceeds the number of training groups"):
-        train_one(make_run(tmp_path / "a", groups_per_batch=7), "clip", progress=False)
+        train_one_prepared(make_run(tmp_path / "a", groups_per_batch=7), "clip", progress=False)
     with pytest.raises(ValueError, match="groups_per_batch >= 2"):
-        train_one(make_run(tmp_path / "b", groups_per_batch=1, runs=[{"name": "c", "loss": "centroid"}]), "c",
+        train_one_prepared(make_run(tmp_path / "b", groups_per_batch=1, runs=[{"name": "c", "loss": "centroid"}]), "c",
                   progress=False)
     with pytest.raises(ValueError, match="no run named 'pairwise'"):
-        train_all(make_run(tmp_path / "c"), ["pairwise"], progress=False)
+        train_all_prepared(make_run(tmp_path / "c"), ["pairwise"], progress=False)
 
 
 def test_too_long_warmup_is_shortened_with_a_warning(tmp_path):
@@ -313,7 +315,7 @@ def test_too_long_warmup_is_shortened_with_a_warning(tmp_path):
     run = make_run(tmp_path, epochs=1, warmup_steps=100)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        summary = train_one(run, "clip", progress=False)
+        summary = train_one_prepared(run, "clip", progress=False)
     assert any("warmup_steps (100)" in str(w.message) for w in caught)
     assert summary["warmup_steps_used"] == {"train": 0}
 
@@ -321,7 +323,7 @@ def test_too_long_warmup_is_shortened_with_a_warning(tmp_path):
 def test_trainable_text_tower_is_trained(tmp_path):
     """With freeze_text false the text tower is encoded per step and updated; no texts are precomputed."""
     run = make_run(tmp_path, model={"freeze_text": False}, epochs=1)
-    summary = train_one(run, "clip", progress=False)
+    summary = train_one_prepared(run, "clip", progress=False)
     assert summary["precomputed_texts"] == 0 and summary["text_frozen"] is False
     initial = weights(run.dir / "training" / "initial.safetensors")
     final = weights(run.dir / "training" / "clip" / "final.safetensors")
@@ -333,8 +335,8 @@ def test_dataloader_workers_give_the_same_training(tmp_path):
     """Batches assembled in DataLoader worker processes (memmap cache, tokenizer) train exactly the same weights."""
     inline = make_run(tmp_path / "inline", epochs=1, model={"freeze_text": False})
     workers = make_run(tmp_path / "workers", epochs=1, model={"freeze_text": False}, num_workers=2)
-    train_one(inline, "clip", progress=False)
-    train_one(workers, "clip", progress=False)
+    train_one_prepared(inline, "clip", progress=False)
+    train_one_prepared(workers, "clip", progress=False)
     a = weights(inline.dir / "training/clip/final.safetensors")
     b = weights(workers.dir / "training/clip/final.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -345,12 +347,12 @@ def test_steps_per_epoch_are_printed_and_stored(tmp_path, capsys):
     """A pairs epoch (the default) takes ceil(pairs / N) batches per group; the count is printed before training
     and stored in summary.json, next to the groups epoch's one batch per group."""
     run = make_run(tmp_path / "pairs", epoch="pairs", epochs=1)
-    summary = train_one(run, "clip", progress=False)
+    summary = train_one_prepared(run, "clip", progress=False)
     # tiny_magic: 6 groups x 6 training images x 2 node captions = 12 pairs per group, N = 3 -> 4 chunks
     assert summary["epoch_kind"] == "pairs" and summary["steps_per_epoch"] == 6 * 4 == summary["steps"]
     assert summary["sampler"]["training_pairs"] == 72
     assert "clip: image-text, 24 optimizer steps per epoch x 1 epochs (train.epoch: pairs" in capsys.readouterr().out
-    groups = train_one(make_run(tmp_path / "groups", epochs=1), "clip", progress=False)
+    groups = train_one_prepared(make_run(tmp_path / "groups", epochs=1), "clip", progress=False)
     assert groups["epoch_kind"] == "groups" and groups["steps_per_epoch"] == 6
     saved = json.loads((run.dir / "training/clip/summary.json").read_text())
     assert saved["steps_per_epoch"] == 24
@@ -389,7 +391,7 @@ def test_a_learning_rate_too_small_to_move_weights_is_reported(tmp_path):
     """At lr 1e-12 in fp32 AdamW's updates (about lr) are below half an ulp of almost every weight: the summary
     shows most image parameters unchanged and weights_moved_note says so, naming the run."""
     run = make_run(tmp_path, epochs=1, lr=1e-12)
-    summary = train_one(run, "clip", progress=False)
+    summary = train_one_prepared(run, "clip", progress=False)
     moved = summary["weights_moved"]["image"]
     assert moved["fraction_changed"] < 0.5 and moved["relative_update"] < 1e-9
     note = weights_moved_note({"clip": summary})
@@ -426,7 +428,7 @@ def test_a_run_overrides_the_text_source(tmp_path):
                                              {"name": "clip_own", "loss": "clip", "text_source": "original"}])
     assert "text_source" not in run_spec(run.params, run_entry(run.params, "clip"))["run"]
     assert run_spec(run.params, run_entry(run.params, "clip_own"))["run"]["text_source"] == "original"
-    summaries = {name: train_one(run, name, progress=False) for name in ("clip", "clip_own")}
+    summaries = {name: train_one_prepared(run, name, progress=False) for name in ("clip", "clip_own")}
     assert summaries["clip"]["text_source"] == "generalized"
     assert summaries["clip_own"]["text_source"] == "original"
     assert summaries["clip_own"]["sampler"]["text_source"] == "original"

@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 from factories import tiny_magic
+from prepared_runs import train_one_prepared
 from safetensors.torch import load_file
 
 from cglib.config import Params, ParamsError, parse_params
 from cglib.data.synthetic import make_world
 from cglib.magic.files import save_magic
 from cglib.models import build_model
+from cglib.prepare import model_image_size
+from cglib.prepare.base import base_corpus, base_if_needed
 from cglib.run import RunContext
-from cglib.train import ZERO_SHOT, base_record, ensure_initial, load_trained, train_one
-from cglib.train.base import base_corpus
+from cglib.train import ZERO_SHOT, base_record, ensure_initial, load_trained
 from cglib.train.checkpoint import INITIAL
 
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
@@ -47,6 +49,12 @@ def magic_run(directory: Path) -> RunContext:
     return RunContext(params=params, dir=directory)
 
 
+def ensure_base(run: RunContext) -> Path:
+    """ensure_initial with the base corpus prepared when the run's initial weights must still be trained."""
+    base = base_if_needed(run, model_image_size(run.params), progress=False)
+    return ensure_initial(run, progress=False, base=base)
+
+
 def test_synthetic_base_corpus_is_another_world_without_concept_names(tmp_path):
     run = synthetic_run(tmp_path)
     corpus, record = base_corpus(run)
@@ -62,7 +70,7 @@ def test_base_learns_clip_and_becomes_every_runs_start(tmp_path):
     run = synthetic_run(tmp_path)
     torch.manual_seed(0)
     untrained = build_model(run.params.model).model.state_dict()
-    ensure_initial(run, progress=False)
+    ensure_base(run)
     record = base_record(tmp_path)
     losses = record["epoch_losses"]
     assert record["corpus"] == "synthetic" and record["loss"] == "clip" and record["text_tower_trained"] is False
@@ -80,12 +88,16 @@ def test_base_learns_clip_and_becomes_every_runs_start(tmp_path):
 
 def test_base_is_cached_and_retrained_only_when_its_spec_changes(tmp_path):
     run = synthetic_run(tmp_path, epochs=1)
-    ensure_initial(run, progress=False)
+    ensure_base(run)
     path = tmp_path / "training" / INITIAL
     first = path.stat().st_mtime_ns
-    ensure_initial(run, progress=False)
+    assert base_if_needed(run, 32) is None  # current: nothing to prepare
+    ensure_initial(run, progress=False)  # nor to train
     assert path.stat().st_mtime_ns == first
-    ensure_initial(synthetic_run(tmp_path, epochs=2), progress=False)
+    changed = synthetic_run(tmp_path, epochs=2)
+    with pytest.raises(ValueError, match=r"must be trained on the base corpus \(synthetic\), which was not prepared"):
+        ensure_initial(changed, progress=False)
+    ensure_base(changed)
     assert path.stat().st_mtime_ns != first
     assert base_record(tmp_path)["epochs"] == 2
 
@@ -99,7 +111,7 @@ def test_magic_train_base_sees_training_images_only_and_runs_fine_tune_from_it(t
     assert record["test_images_left_out"] == len(magic.images) - len(train_ids) > 0
     # its texts are the images' original captions, never generalized captions or concept names
     assert all(corpus.captions[i] == magic.images[i].captions for i in corpus.image_ids)
-    summary = train_one(run, "clip", progress=False)
+    summary = train_one_prepared(run, "clip", progress=False)
     assert base_record(tmp_path)["images"] == len(train_ids)
     assert summary["steps"] > 0
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from prepared_runs import train_one_prepared
 from pydantic import ValidationError
 from test_light_params import fresh_python
 from test_train import _final_and_log, make_run
 
 from cglib.config import TrainParams
-from cglib.train import train_one
 from cglib.train.callbacks import StateView
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.state import Progress, TrainState
@@ -37,9 +37,9 @@ def test_a_watching_callback_sees_every_event_in_order_and_changes_nothing(tmp_p
     """A callback named in params sees train begin, each epoch's begin, steps and end, and train end, with the
     position at each; a run with it ends with exactly the weights and log of a run without it."""
     plain = make_run(tmp_path / "plain")
-    train_one(plain, "clip", progress=False)
+    train_one_prepared(plain, "clip", progress=False)
     watched = make_run(tmp_path / "watched", callbacks=["my_callbacks:RecordEvents"])
-    summary = train_one(watched, "clip", progress=False)
+    summary = train_one_prepared(watched, "clip", progress=False)
     per_epoch, epochs = summary["steps_per_epoch"], summary["epochs"]
     expected = [("train_begin", "train", 0, 0)]
     for epoch in range(epochs):
@@ -57,7 +57,7 @@ def test_a_callback_named_in_params_stops_the_run_after_n_steps(tmp_path, plugin
     """control.stop() ends training after the event: the run's final weights are those after step 3, its log has
     3 rows, and summary.json says who stopped it where; the callback still sees train end."""
     run = make_run(tmp_path, callbacks=["my_callbacks:StopAfterSteps"])
-    summary = train_one(run, "clip", progress=False)
+    summary = train_one_prepared(run, "clip", progress=False)
     assert summary["steps_per_epoch"] > 3  # stopped mid-epoch
     assert summary["steps"] == 3 and summary["epoch_loss"] == []
     assert summary["stopped"] == {"reason": "3 steps are enough", "phase": "train", "epoch": 0, "global_step": 3}
@@ -80,7 +80,7 @@ def test_a_callback_asks_for_a_checkpoint_mid_epoch(tmp_path, plugins):
             last = run.dir / "training" / "clip" / "checkpoints" / "last.pt"
             saved.append(load_checkpoint(last)["progress"]["global_step"] if last.is_file() else None)
 
-    train_one(run, "clip", progress=False, on_step=look)
+    train_one_prepared(run, "clip", progress=False, on_step=look)
     assert saved == [2]
 
 
@@ -98,7 +98,7 @@ def test_the_state_a_callback_sees_is_read_only(tmp_path, plugins):
     with pytest.raises(AttributeError, match="not readable in a callback"):
         view.progress  # noqa: B018
     with pytest.raises(AttributeError, match="read-only in a callback"):
-        train_one(make_run(tmp_path, callbacks=["my_callbacks:WritesTheState"]), "clip", progress=False)
+        train_one_prepared(make_run(tmp_path, callbacks=["my_callbacks:WritesTheState"]), "clip", progress=False)
 
 
 @pytest.mark.parametrize(("path", "message"), [

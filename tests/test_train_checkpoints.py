@@ -7,11 +7,12 @@ import json
 
 import pytest
 import torch
+from prepared_runs import train_one_prepared
 from safetensors.torch import load_file, save_file
 from test_train import _interrupt_at, make_run, text_keys
 
 from cglib.models import build_model
-from cglib.train import load_trained, train_one
+from cglib.train import load_trained
 from cglib.train.checkpoint import load_checkpoint, save_checkpoint
 from cglib.weights import load_weights, referenced_weights
 
@@ -21,7 +22,7 @@ def minilm_run(tmp_path_factory):
     """The demo's arrangement at tiny scale: a small ViT against the frozen pretrained MiniLM text tower."""
     run = make_run(tmp_path_factory.mktemp("minilm"), model={"name": "cglib-tiny-vit", "text_tower": "minilm"},
                    epochs=1)
-    return run, train_one(run, "clip", progress=False)
+    return run, train_one_prepared(run, "clip", progress=False)
 
 
 def test_frozen_minilm_is_referenced_not_copied(minilm_run):
@@ -54,10 +55,10 @@ def test_only_final_weights_are_kept_unless_asked(tmp_path):
     """Without train.keep_epoch_weights a run leaves final.safetensors only (no checkpoints folder); with it,
     one referenced file per epoch; the flag does not change the run's spec (a finished run is reused)."""
     plain = make_run(tmp_path / "plain", epochs=2)
-    summary = train_one(plain, "clip", progress=False)
+    summary = train_one_prepared(plain, "clip", progress=False)
     assert not (plain.dir / "training/clip/checkpoints").exists()
     kept = make_run(tmp_path / "kept", epochs=2, keep_epoch_weights=True)
-    assert train_one(kept, "clip", progress=False)["spec_hash"] == summary["spec_hash"]
+    assert train_one_prepared(kept, "clip", progress=False)["spec_hash"] == summary["spec_hash"]
     files = sorted(p.name for p in (kept.dir / "training/clip/checkpoints").iterdir())
     assert files == ["epoch-001.safetensors", "epoch-002.safetensors"]
     model = build_model(kept.params.model).model
@@ -70,7 +71,7 @@ def test_loading_verifies_every_key_and_the_frozen_hash(tmp_path):
     """A weights file with a missing or an unexpected key, or whose referenced frozen tower no longer matches
     its hash, is an error naming the file."""
     run = make_run(tmp_path, epochs=1)
-    train_one(run, "clip", progress=False)
+    train_one_prepared(run, "clip", progress=False)
     final = run.dir / "training/clip/final.safetensors"
     state = load_file(str(final))
     meta = {"cglib_referenced": json.dumps(referenced_weights(final))}
@@ -130,11 +131,11 @@ def test_a_checkpoint_missing_a_trained_key_is_not_resumed_silently(tmp_path):
     """last.pt holds every trained key (not the frozen tower's); one missing is an error naming the file."""
     run = make_run(tmp_path, epochs=1)
     with pytest.raises(KeyboardInterrupt):
-        train_one(run, "clip", progress=False, on_step=_interrupt_at(2))
+        train_one_prepared(run, "clip", progress=False, on_step=_interrupt_at(2))
     path = run.dir / "training/clip/checkpoints/last.pt"
     state = load_checkpoint(path)
     assert "visual.conv1.weight" in state["model"] and not set(state["model"]) & set(text_keys(state["model"]))
     del state["model"]["visual.conv1.weight"]
     save_checkpoint(path, state)
     with pytest.raises(ValueError, match=r"last.pt does not fit the model: missing \['visual.conv1.weight'\]"):
-        train_one(run, "clip", progress=False)
+        train_one_prepared(run, "clip", progress=False)

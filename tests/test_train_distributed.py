@@ -19,15 +19,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from float_tolerance import ADAM_EPS, optimizer_steps, trained_tolerance
+from prepared_runs import train_one_prepared
 from safetensors.torch import load_file
 from test_train import make_run
 
 from cglib.distributed import DistInfo
 from cglib.encoding import encode_texts
 from cglib.models import build_model
+from cglib.prepare import load_inputs
 from cglib.run import RunContext
-from cglib.train import ensure_initial, train_one
-from cglib.train.loop import GroupBatchData, GroupTask, Stepper, load_inputs, set_trainable, wrap
+from cglib.train import ensure_initial
+from cglib.train.loop import GroupBatchData, GroupTask, Stepper, set_trainable, wrap
 from cglib.train.objectives import objective_with
 from cglib.train.sampler import GroupBatchSampler
 from cglib.weights import load_weights
@@ -129,7 +131,7 @@ def test_torchrun_entry_point_matches_single_process(tmp_path):
 
     run = RunContext(params=load_params(params_path), dir=single_dir)
     torch.set_num_threads(1)
-    train_one(run, "pw", progress=False)
+    train_one_prepared(run, "pw", progress=False)
     got = load_file(str(distributed_dir / "training/pw/final.safetensors"))
     expected = load_file(str(single_dir / "training/pw/final.safetensors"))
     # 24 steps; measured, the largest difference used 12% (AVX2) and 11% (AVX-512) of the tolerance

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from prepared_runs import train_one_prepared
 from test_train import _fixed_batch, _interrupt_at, _single, make_run, weights
 
-from cglib.train import train_one
 from cglib.train.checkpoint import load_checkpoint, save_checkpoint
 from cglib.train.objectives import Pairwise
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
@@ -60,7 +60,7 @@ def test_a_run_of_non_finite_steps_counts_them_and_finishes(tmp_path):
     """A loss that is infinite at every step (tau 1e-38) does not crash the run: every step is skipped, counted
     in summary.json and in log.csv's skipped column, and no weight moves."""
     run = make_run(tmp_path, epochs=1, runs=[{"name": "clip", "loss": "clip", "tau": 1e-38}])
-    summary = train_one(run, "clip", progress=False)
+    summary = train_one_prepared(run, "clip", progress=False)
     assert summary["skipped_steps"] == summary["steps"] == 6
     rows = list(csv.DictReader((run.dir / "training/clip/log.csv").open()))
     assert [int(r["skipped"]) for r in rows] == [1] * 6
@@ -71,22 +71,23 @@ def test_resuming_under_another_device_or_amp_is_an_error_naming_both(tmp_path):
     """last.pt records the resolved device type and AMP dtype; resuming it elsewhere names both and the fix."""
     run = make_run(tmp_path, epochs=1)
     with pytest.raises(KeyboardInterrupt):
-        train_one(run, "clip", progress=False, on_step=_interrupt_at(2))
+        train_one_prepared(run, "clip", progress=False, on_step=_interrupt_at(2))
     path = run.dir / "training/clip/checkpoints/last.pt"
     state = load_checkpoint(path)
     assert state["precision"] == {"device": "cpu", "amp": "off"}
     state["precision"] = {"device": "cuda", "amp": "bfloat16"}  # as written by the same params on a GPU
     save_checkpoint(path, state)
     with pytest.raises(ValueError, match="device cuda with amp bfloat16.*device cpu with amp off"):
-        train_one(run, "clip", progress=False)
+        train_one_prepared(run, "clip", progress=False)
 
 
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     sys.path.insert(0, {tests!r})
+    from prepared_runs import train_one_prepared
     from test_train import make_run
-    from cglib.train import train_one
+
     from cglib.train.faults import Terminated
 
     def hook(row):
@@ -95,7 +96,7 @@ CHILD = textwrap.dedent("""
             time.sleep(60)  # SIGTERM arrives here, between steps
 
     try:
-        train_one(make_run(Path({run_dir!r}), epochs=2), "clip", progress=False, on_step=hook)
+        train_one_prepared(make_run(Path({run_dir!r}), epochs=2), "clip", progress=False, on_step=hook)
     except Terminated:
         sys.exit(143)
     sys.exit(0)
@@ -107,7 +108,7 @@ def test_sigterm_checkpoints_and_resumes_to_the_same_weights(tmp_path):
     """A process training a tiny model gets SIGTERM mid-epoch: it saves a checkpoint and exits 143; resuming
     ends with exactly the weights and log of an uninterrupted run."""
     whole = make_run(tmp_path / "whole", epochs=2)
-    train_one(whole, "clip", progress=False)
+    train_one_prepared(whole, "clip", progress=False)
 
     marker = tmp_path / "reached"
     script = CHILD.format(tests=str(Path(__file__).parent), marker=str(marker), run_dir=str(tmp_path / "parts"))
@@ -123,7 +124,7 @@ def test_sigterm_checkpoints_and_resumes_to_the_same_weights(tmp_path):
     ckpt = tmp_path / "parts/training/clip/checkpoints/last.pt"
     assert load_checkpoint(ckpt)["progress"]["global_step"] == 3
 
-    summary = train_one(make_run(tmp_path / "parts", epochs=2), "clip", progress=False)
+    summary = train_one_prepared(make_run(tmp_path / "parts", epochs=2), "clip", progress=False)
     assert summary["resumed_from_step"] == 3 and not ckpt.exists()
     a, b = weights(whole.dir / "training/clip/final.safetensors"), weights(tmp_path / "parts/training/clip/final.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

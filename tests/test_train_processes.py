@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from float_tolerance import ADAM_EPS, trained_tolerance
+from prepared_runs import train_one_prepared
 from safetensors.torch import load_file
 from test_train import make_run
 from test_train_distributed import free_port
@@ -28,8 +29,9 @@ from test_train_distributed import free_port
 import cglib
 from cglib.config import load_params
 from cglib.distributed import DistInfo
+from cglib.prepare import prepare_inputs
 from cglib.run import RunContext
-from cglib.train import train_all, train_one, train_runs
+from cglib.train import train_all, train_runs
 from cglib.train.checkpoint import load_checkpoint
 from cglib.train.inputs import run_spec
 from cglib.train.processes import child_env, resolved_processes, split_runs
@@ -71,7 +73,7 @@ def one_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The weights of PARAMS trained in this process."""
     run = run_folder(tmp_path_factory.mktemp("one"))
     torch.set_num_threads(1)
-    train_one(run, "pw", progress=False)
+    train_one_prepared(run, "pw", progress=False)
     return weights(run.dir)
 
 
@@ -108,12 +110,13 @@ def test_processes_stay_out_of_the_spec_and_refusals_come_from_the_objectives(tm
     assert split_runs(run, ["hc_ft"]) == (["hc_ft"], {"hc": "loss re: its text phase trains on one process; the "
                                                             "init of 'hc_ft', which then trains under torchrun"})
     with pytest.raises(ValueError, match=r"cannot run under torchrun: hc \(loss re: .*\)\. Train them in one process"):
-        train_all(run, ["pw", "hc_ft"], info=DistInfo(0, 2))  # hc, the init of hc_ft, is not trained yet
+        train_all(run, prepare_inputs(run, ["pw", "hc_ft"], progress=False), ["pw", "hc_ft"],
+                  info=DistInfo(0, 2))  # hc, the init of hc_ft, is not trained yet
     with pytest.raises(ValueError, match="train.processes must be a positive int or auto"):
         run_folder(tmp_path / "zero", processes=0)
     in_memory = RunContext(params=folders[2].params, dir=folders[2].dir)  # the child reads a params file
     with pytest.raises(ValueError, match=r"open the run with cglib.run.open_run\(PARAMS\)"):
-        train_runs(in_memory, ["pw"])
+        train_runs(in_memory, prepare_inputs(in_memory, ["pw"], progress=False), ["pw"])
 
 
 @pytest.mark.slow
@@ -127,6 +130,7 @@ KERNEL = textwrap.dedent("""
     import sys
     from pathlib import Path
     from cglib.config import load_params
+    from cglib.prepare import prepare_inputs
     from cglib.run import RunContext
     from cglib.train import train_runs
 
@@ -136,7 +140,7 @@ KERNEL = textwrap.dedent("""
     params_path, run_dir = sys.argv[1:]
     run = RunContext(params=load_params(params_path), dir=Path(run_dir), params_path=Path(params_path))
     try:
-        train_runs(run, ["pw"], progress=False)
+        train_runs(run, prepare_inputs(run, ["pw"], progress=False), ["pw"], progress=False)
     except KeyboardInterrupt:
         sys.exit(130)
 """)
@@ -163,7 +167,7 @@ def test_processes_2_resumes_a_stopped_run_exactly(tmp_path, one_process, two_no
     stopped = load_checkpoint(run.dir / "training/pw/checkpoints/last.pt")["progress"]["global_step"]
     assert 1 <= stopped < 24
 
-    summaries = train_runs(run, progress=False)
+    summaries = train_runs(run, prepare_inputs(run, progress=False), progress=False)
     assert summaries["pw"]["resumed_from_step"] == stopped and summaries["pw"]["steps"] == 24
     out = capfd.readouterr().out
     assert "hc: trains in this process, not under torchrun (loss re: " in out
@@ -177,13 +181,14 @@ def test_processes_2_resumes_a_stopped_run_exactly(tmp_path, one_process, two_no
 
 @pytest.mark.slow
 def test_a_failing_child_fails_the_call_with_its_last_lines(tmp_path):
-    """When the torchrun child fails (here: magic.json is missing), train_runs raises with the child's last lines,
-    which name the error and its fix."""
+    """When the torchrun child fails (here: magic.json is missing when the child prepares its inputs, after this
+    process prepared its own), train_runs raises with the child's last lines, which name the error and its fix."""
     run = run_folder(tmp_path, processes=2)
+    prepared = prepare_inputs(run, progress=False)
     (run.dir / "magic/magic.json").unlink()
     with pytest.raises(RuntimeError, match=r"(?s)failed \(exit code 1\).*its last lines:.*magic\.json does not "
                                            r"exist: run 03_magic_dag first"):
-        train_runs(run, progress=False)
+        train_runs(run, prepared, progress=False)
 
 
 def test_the_child_imports_this_cglib(tmp_path):

@@ -9,18 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 from factories import tiny_magic, two_top_magic
+from prepared_runs import train_all_prepared, train_one_prepared
 
 from cglib.config import Params, ParamsError, parse_params
 from cglib.distributed import DistInfo
 from cglib.magic.files import save_magic
 from cglib.models import Towers
+from cglib.prepare import load_inputs, re_items
 from cglib.radial import radial_embedding_loss
 from cglib.run import RunContext
-from cglib.train import load_trained, train_all, train_one
+from cglib.train import load_trained
 from cglib.train.checkpoint import FINAL, INITIAL, RunFiles, spec_hash, text_keys
 from cglib.train.inputs import run_entry, run_spec
-from cglib.train.loop import load_inputs
-from cglib.train.re_run import REBatchSampler, re_items, re_texts
+from cglib.train.re_run import REBatchSampler, re_texts
 from cglib.weights import referenced_weights
 
 TINY_MODEL = {"name": "cglib-tiny-clip", "text_tower": "open_clip", "freeze_text": True}
@@ -48,7 +49,7 @@ def test_re_run_trains_the_text_tower_only(tmp_path, capsys):
     """An re run moves text weights only (image tower bitwise unchanged and referenced to the initial weights),
     logs finite loss parts per step, prints its steps per epoch and records its role and data in summary.json."""
     run = make_run(tmp_path, RE_ROWS[:1])
-    summary = train_one(run, "hierarcaps", progress=False)
+    summary = train_one_prepared(run, "hierarcaps", progress=False)
     out = capsys.readouterr().out
     steps = summary["steps_per_epoch"]
     assert f"hierarcaps: RE alignment (text tower), {steps} optimizer steps per epoch x 1 epochs" in out
@@ -108,7 +109,7 @@ def test_init_starts_from_the_named_run_and_inherits_exposure(tmp_path):
     """hierarcaps_ft (clip, init hierarcaps) starts from hierarcaps' final weights, references its frozen text
     tower to them, and is exposed because hierarcaps is; training it alone trains hierarcaps first."""
     run = make_run(tmp_path, RE_ROWS)
-    summaries = train_all(run, ["hierarcaps_ft"], progress=False)  # the init is trained on demand
+    summaries = train_all_prepared(run, ["hierarcaps_ft"], progress=False)  # the init is trained on demand
     assert (tmp_path / "training" / "hierarcaps" / FINAL).is_file()
     ft = summaries["hierarcaps_ft"]
     assert (ft["objective"], ft["fine_tuned_on_magic"], ft["init"]) == ("clip", True, "hierarcaps")
@@ -139,7 +140,7 @@ def test_the_hierarcaps_fine_tune_as_published_trains_on_raw_features(tmp_path):
     runs = [*RE_ROWS, {"name": "hierarcaps_ft_raw", "loss": "clip", "init": "hierarcaps",
                        "options": {"hierarcaps_features": "raw"}}]
     run = make_run(tmp_path, runs)
-    summaries = train_all(run, ["hierarcaps_ft", "hierarcaps_ft_raw"], progress=False)
+    summaries = train_all_prepared(run, ["hierarcaps_ft", "hierarcaps_ft_raw"], progress=False)
     assert summaries["hierarcaps_ft_raw"]["features"].startswith("raw") and "features" not in summaries["hierarcaps_ft"]
 
     def first_loss(name: str) -> float:
@@ -154,12 +155,12 @@ def test_finished_re_run_is_reused_and_spec_keys(tmp_path, monkeypatch):
     """A finished re run is reused, not retrained; train.re_* keys retrain re runs (and runs starting from one)
     but leave the hash of a MAGIC run without init unchanged."""
     run = make_run(tmp_path, RE_ROWS[:1])
-    first = train_one(run, "hierarcaps", progress=False)
+    first = train_one_prepared(run, "hierarcaps", progress=False)
     mtime = (tmp_path / "training" / "hierarcaps" / FINAL).stat().st_mtime_ns
     from cglib.train import trainer
 
     monkeypatch.setattr(trainer.Trainer, "__call__", lambda self: pytest.fail("retrained a finished run"))
-    again = train_one(run, "hierarcaps", progress=False)
+    again = train_one_prepared(run, "hierarcaps", progress=False)
     assert again["spec_hash"] == first["spec_hash"]
     assert (tmp_path / "training" / "hierarcaps" / FINAL).stat().st_mtime_ns == mtime
 
@@ -245,12 +246,12 @@ def test_re_run_resumes_bit_exactly(tmp_path):
 
     rows = [{**RE_ROWS[0], "options": {**RE_OPTIONS, "epochs": 2}}]
     whole = make_run(tmp_path / "whole", rows)
-    assert train_one(whole, "hierarcaps", progress=False)["steps"] == 10  # 36 items / 8: 5 steps per epoch
+    assert train_one_prepared(whole, "hierarcaps", progress=False)["steps"] == 10  # 36 items / 8: 5 steps per epoch
     parts = make_run(tmp_path / "parts", rows)
     for step in (3, 7):
         with pytest.raises(KeyboardInterrupt):
-            train_one(parts, "hierarcaps", progress=False, on_step=interrupt_at(step))
-    summary = train_one(parts, "hierarcaps", progress=False)
+            train_one_prepared(parts, "hierarcaps", progress=False, on_step=interrupt_at(step))
+    summary = train_one_prepared(parts, "hierarcaps", progress=False)
     assert summary["resumed_from_step"] == 7 and len(summary["epoch_loss"]) == 2
     (expected, expected_log), (got, got_log) = final_and_log(whole), final_and_log(parts)
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)

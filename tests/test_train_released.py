@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers
 from factories import tiny_magic, two_top_magic
+from prepared_runs import train_one_prepared
 
 from cglib import hf_clip
 from cglib.config import ModelParams, Params, TrainRunParams
@@ -14,7 +15,7 @@ from cglib.evaluate.table3 import table3_notes
 from cglib.magic.files import save_magic
 from cglib.models import build_model
 from cglib.run import RunContext
-from cglib.train import load_trained, train_one
+from cglib.train import load_trained
 from cglib.train.checkpoint import text_keys
 
 # the shapes of cglib-tiny-clip's open_clip text tower (models.TINY_TEXT, embed_dim 128), as a transformers config
@@ -79,7 +80,7 @@ def test_present_released_weights_are_the_row(released, tmp_path):
     logit scale equal to the base, text features equal transformers', summary and Table 3 notes say released."""
     clip, path = released
     run = make_run(tmp_path, path)
-    summary = train_one(run, "hierarcaps", progress=False)
+    summary = train_one_prepared(run, "hierarcaps", progress=False)
     assert summary["steps"] == 0 and summary["weights_source"]["kind"] == "released"
     assert summary["weights_source"]["text_keys_loaded"] == len(text_keys(build_model(ModelParams(**TINY_MODEL)).model))
     zero, row = load_trained(run.params, tmp_path, "zero-shot"), load_trained(run.params, tmp_path, "hierarcaps")
@@ -96,7 +97,7 @@ def test_present_released_weights_are_the_row(released, tmp_path):
 
 def test_absent_released_weights_train_the_row_here(tmp_path):
     run = make_run(tmp_path, tmp_path / "not-downloaded.pt")
-    summary = train_one(run, "hierarcaps", progress=False)
+    summary = train_one_prepared(run, "hierarcaps", progress=False)
     assert summary["steps"] > 0 and summary["weights_source"] == {"kind": "trained here"}
     note = [n for n in table3_notes(_info([{"name": "hierarcaps", "objective": "re", "weights": "trained here"}]))
             if n.startswith("hierarcaps:")]

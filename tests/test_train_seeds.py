@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from factories import tiny_magic
+from prepared_runs import train_all_prepared
 from safetensors.torch import load_file
 
 from cglib.config import Params, ParamsError, parse_params
 from cglib.magic.files import load_magic, save_magic
 from cglib.run import RunContext, training_dir, training_seed_value
-from cglib.train import base_record, load_trained, train_all
+from cglib.train import base_record, load_trained
 from cglib.train.checkpoint import INITIAL
 from cglib.train.sampler import GroupBatchSampler
 
@@ -57,7 +58,7 @@ def test_training_seeds_change_init_and_batch_order_but_not_the_data(tmp_path, c
     corpus; the runs draw other batches from the same MAGIC groups, pairs and split; seed 0 keeps the one-seed
     layout and seed 1 sits in training/seed1/."""
     run = seeded_run(tmp_path, [0, 1])
-    summaries = train_all(run, progress=False)
+    summaries = train_all_prepared(run, progress=False)
     assert set(summaries) == {"clip", "clip@seed1"}
     lines = capsys.readouterr().out.splitlines()  # each seed's block of run lines under its own label
     labels = [i for i, line in enumerate(lines) if line.startswith("Training seed")]
@@ -93,5 +94,5 @@ def test_training_seeds_change_init_and_batch_order_but_not_the_data(tmp_path, c
     w1 = load_trained(run.params, tmp_path, "clip", seed=1).model.state_dict()
     assert any(not torch.equal(w0[k], w1[k]) for k in w0 if k.startswith("visual."))
     # adding a seed does not retrain the others: the same spec, reused
-    again = train_all(run, progress=False, seeds=[0])
+    again = train_all_prepared(run, progress=False, seeds=[0])
     assert again["clip"]["wall_time_s"] == s0["wall_time_s"]

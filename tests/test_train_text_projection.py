@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 from factories import tiny_magic, two_top_magic
+from prepared_runs import train_one_prepared
 
 from cglib.config import ModelParams, Params, ParamsError, parse_params
 from cglib.encoding import encode_texts
 from cglib.magic.files import save_magic
 from cglib.models import build_model
 from cglib.run import RunContext
-from cglib.train import load_trained, train_one
+from cglib.train import load_trained
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
 from cglib.train.text_phase import ProjectedTexts
 from cglib.weights import referenced_weights
@@ -61,7 +62,7 @@ def test_re_on_the_projection_moves_only_the_projection(tmp_path, capsys):
     references every other key to the initial weights, and its loss fell; the precomputed path embeds a text
     exactly as the trained model does."""
     run = make_run(tmp_path, [{"name": "hierarcaps", "loss": "re", "options": RE_OPTIONS}])
-    summary = train_one(run, "hierarcaps", progress=False)
+    summary = train_one_prepared(run, "hierarcaps", progress=False)
     assert "RE alignment (text projection)" in capsys.readouterr().out
     zero, trained = load_trained(run.params, tmp_path, "zero-shot"), load_trained(run.params, tmp_path, "hierarcaps")
     a, b = state(zero), state(trained)
@@ -82,7 +83,7 @@ def test_pretraining_on_the_projection_then_image_text(tmp_path):
     """A pretraining run trains the projection in phase 1 (the MiniLM tower stays bitwise frozen) and the image
     tower in phase 2; its weights file holds the image side and the projection, the tower is referenced."""
     run = make_run(tmp_path, [{"name": "pairwise_pretrain", "loss": "pairwise", "pretrain": "leakage_free"}])
-    summary = train_one(run, "pairwise_pretrain", progress=False)
+    summary = train_one_prepared(run, "pairwise_pretrain", progress=False)
     zero = load_trained(run.params, tmp_path, "zero-shot")
     trained = load_trained(run.params, tmp_path, "pairwise_pretrain")
     a, b = state(zero), state(trained)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from prepared_runs import train_all_prepared
 
 from cglib.magic.files import save_magic
 from cglib.run import open_run
@@ -55,10 +56,10 @@ def _run_with_data(root: Path, params: dict = PARAMS):
 def finished_run(tmp_path_factory) -> Path:
     """A real, finished tiny run: trained with cglib.train and evaluated with cglib.evaluate (no fakes)."""
     from cglib.evaluate.pipeline import evaluate_run
-    from cglib.train import train_all
+
 
     run = _run_with_data(tmp_path_factory.mktemp("finished"))
-    train_all(run, progress=False)
+    train_all_prepared(run, progress=False)
     evaluate_run(run, progress=False)
     return run.dir
 
@@ -184,11 +185,10 @@ def test_geometry_averages_the_training_seeds_seed_k_against_seed_k(tmp_path):
     change from that seed's zero-shot model, computed here by hand from the cached embeddings."""
     from cglib.evaluate.geometry import group_geometry
     from cglib.evaluate.pipeline import evaluate_run
-    from cglib.train import train_all
     from cglib.viz.figures import geometry_takeaway as vf_geometry_takeaway
 
     run = _run_with_data(tmp_path, {**PARAMS, "train": {**PARAMS["train"], "seeds": [0, 1]}})
-    train_all(run, progress=False)
+    train_all_prepared(run, progress=False)
     evaluate_run(run, progress=False)
     cached = {p: p.stat().st_mtime_ns for p in (run.dir / "evaluation" / "embeddings").glob("*.npz")}
     vr = VizRun.open(run.dir, progress=False)

@@ -8,7 +8,6 @@ under its final name is always complete. `download_named(name, dest)` fetches on
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
+from cglib.run import file_digest
 
 if TYPE_CHECKING:
     import httpx
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 1 << 20
 USER_AGENT = "cglib-download/0.1"
 
 
@@ -42,15 +41,6 @@ class ChecksumError(ValueError):
 
 class _Incomplete(Exception):
     """The body ended before Content-Length bytes arrived (retried, resuming from the .part file)."""
-
-
-def file_digest(path: str | Path, algorithm: str) -> str:
-    """Hex digest (`md5`, `sha256`, ...) of a file, read in 1 MiB chunks."""
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _checksum_problem(path: Path, sha256: str | None, md5: str | None) -> str | None:

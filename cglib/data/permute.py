@@ -70,6 +70,11 @@ class KeywordPermuter:
     protected: tuple[str, ...] = ()
     source: str = ""
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The concept types it permutes, in KINDS order (every one, a type without keywords included)."""
+        return KINDS
+
     def __post_init__(self) -> None:
         unknown = sorted(set(self.relations) - set(KINDS))
         if unknown:

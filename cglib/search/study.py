@@ -43,6 +43,9 @@ from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, p
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import magic_image_cache
 from cglib.magic.files import load_magic
+from cglib.prepare import TrainInputs, model_image_size
+from cglib.prepare.base import base_if_needed
+from cglib.prepare.inputs import keyword_permuter
 from cglib.run import RunContext, provenance, runner_identity, write_json
 from cglib.search.storage import (
     open_storage,
@@ -55,7 +58,7 @@ from cglib.search.storage import (
 from cglib.search.validation import ValidationScore, ValidationScorer, search_view
 from cglib.strict_yaml import load_yaml, read_text
 from cglib.train.callbacks import Callback, StateView, TrainControl
-from cglib.train.inputs import TrainInputs, model_image_size, run_entry
+from cglib.train.inputs import run_entry
 from cglib.train.loop import ensure_initial
 from cglib.train.trainer import Trainer
 
@@ -178,7 +181,7 @@ class Workspace:
 
 def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
     """The study folder with the base weights every trial starts from (the run's zero-shot model, built by
-    `ensure_initial` when the run has none yet), the image cache of the search view (no test image) and
+    `ensure_initial` when the run has none yet, on the base corpus prepared for it), the image cache of the search view (no test image) and
     validation.json; shared by every worker of the study."""
     params = run.params
     folder = workspace(params, run.dir)
@@ -188,7 +191,8 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
                                    params.search.groups)
     space = RunContext(params=params, dir=folder, params_path=run.params_path)
     with _locked(folder):
-        initial = ensure_initial(run, progress=progress)  # the run's own base: nothing to do after notebook 05
+        base = base_if_needed(run, model_image_size(params), progress)  # None after notebook 05: its base is current
+        initial = ensure_initial(run, progress=progress, base=base)
         for source in (initial, initial.with_suffix(".json")):
             target = space.stage("training") / source.name
             if not target.is_file() or target.read_bytes() != source.read_bytes():
@@ -198,7 +202,8 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
         write_json(folder / VALIDATION, validation)
     digest = hashlib.sha1(view.model_dump_json().encode())
     digest.update(cache.directory.name.encode())
-    inputs = TrainInputs(view, cache, digest.hexdigest()[:16])
+    inputs = TrainInputs(view, cache, digest.hexdigest()[:16],
+                         permuter=keyword_permuter(params, [run_entry(params, params.search_run())]))
     scorer = ValidationScorer(params, view, cache.get(view.split_ids("test")), view.split_ids("test"))
     return Workspace(folder, view, validation, inputs, scorer)
 

@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "loop": ["LOG_COLUMNS", "ZERO_SHOT", "TrainInputs", "base_record", "ensure_initial", "load_inputs", "load_trained",
+    "loop": ["LOG_COLUMNS", "ZERO_SHOT", "TrainInputs", "base_record", "ensure_initial", "load_trained",
              "model_image_size", "run_spec", "seed_label", "summary_table", "train_all", "train_one",
              "weights_moved_note"],
     "pretrain": ["TextPairSampler", "exposed_to_eval_strings"],

@@ -19,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from cglib.config import load_params
 from cglib.distributed import init_distributed
+from cglib.prepare import prepare_inputs
 from cglib.run import RunContext, open_run, seed_everything, set_threads
 from cglib.train.faults import Terminated
 from cglib.train.loop import train_all
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         set_threads(params.run.threads)
     info = init_distributed(run.device())
     try:
-        summaries = train_all(run, args.runs, progress=not args.no_progress, info=info)
+        prepared = prepare_inputs(run, args.runs, progress=not args.no_progress, info=info)
+        summaries = train_all(run, prepared, args.runs, progress=not args.no_progress, info=info)
     except Terminated:  # SIGTERM: the run saved its checkpoint; the same command resumes it
         return 128 + 15
     if info.is_main:

@@ -15,14 +15,14 @@ The base becomes `training/initial.safetensors`: the zero-shot row of Table 3 an
 epoch. Each epoch pairs every image with one of its captions (seeded), shuffles, and cuts batches of
 `train.base.batch_size`; identical captions in a batch are never each other's negatives (`text_ids`). A frozen
 text tower (the demo's MiniLM) is encoded once, so only the image tower trains. Base training is short and is not
-checkpointed: an interrupted base is trained again from the start.
+checkpointed: an interrupted base is trained again from the start. The corpus and its image cache are prepared
+before training (cglib.prepare.base, with the rest of the run's inputs).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,37 +31,12 @@ import torch
 from cglib import losses
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
-from cglib.data.image_cache import build_image_cache
-from cglib.data.sources import synthetic_world
-from cglib.data.synthetic import leaked_concept_names
 from cglib.encoding import encode_texts, pixels_to_tensor, tokenize
 from cglib.frontend import tqdm
-from cglib.magic.files import load_magic
 from cglib.models import ClipModel, Towers
-from cglib.run import RunContext
+from cglib.prepare.base import BaseCorpus
 from cglib.train.optim import amp_dtype
 from cglib.train.step import Stepper, set_trainable
-
-
-def base_corpus(run: RunContext) -> tuple[CaptionDataset, dict[str, Any]]:
-    """The base corpus of `train.base.corpus` and a record of what it holds (which images, which texts)."""
-    params = run.params
-    base = params.train.base
-    if base.corpus == "synthetic":
-        seed = params.run.seed + base.seed_offset
-        world = synthetic_world(params, seed, base.images_per_concept)
-        texts = [c for i in world.dataset.image_ids for c in world.dataset.captions[i]]
-        leaked = sum(leaked_concept_names(texts, world.taxonomy).values())
-        return world.dataset, {"corpus": "synthetic", "world_seed": seed, "texts": "original captions",
-                               "captions_naming_a_concept": leaked}
-    if base.corpus == "magic_train":
-        magic = load_magic(run.require("magic/magic.json", "03_magic_dag"))
-        dataset = CaptionDataset.load(run.require("captions/dataset.json", "01_captions").parent)
-        subset = dataset.subset([i for i in dataset.image_ids if i in magic.images and
-                                 magic.images[i].split == "train"])
-        held_out = sum(1 for record in magic.images.values() if record.split == "test")
-        return subset, {"corpus": "magic_train", "texts": "original captions", "test_images_left_out": held_out}
-    raise ValueError(f"train.base.corpus is {base.corpus!r}: there is no base corpus to train on")
 
 
 def _pairs(dataset: CaptionDataset, image_ids: list[str], rng: np.random.Generator) -> list[tuple[int, str]]:
@@ -71,15 +46,19 @@ def _pairs(dataset: CaptionDataset, image_ids: list[str], rng: np.random.Generat
     return [pairs[k] for k in rng.permutation(len(pairs))]
 
 
-def train_base(params: Params, bundle: ClipModel, dataset: CaptionDataset, cache_dir: Path,
-               device: torch.device | str = "cpu", progress: bool = True, seed: int | None = None) -> dict[str, Any]:
-    """Train `bundle` in place with the CLIP loss on `dataset`'s (image, caption) pairs; return the training record.
+def train_base(params: Params, bundle: ClipModel, corpus: BaseCorpus, device: torch.device | str = "cpu",
+               progress: bool = True, seed: int | None = None) -> dict[str, Any]:
+    """Train `bundle` in place with the CLIP loss on the prepared base corpus's (image, caption) pairs
+    (cglib.prepare.base: its dataset and image cache); return the training record.
 
     `seed` (the training seed's, `RunContext.train_seed`; default run.seed) orders the pairs and picks their captions.
     """
     base, t = params.train.base, params.train
     device = torch.device(device)
-    cache = build_image_cache(dataset, bundle.image_size, cache_dir, progress=progress)
+    dataset, cache = corpus.dataset, corpus.cache
+    if cache.size != bundle.image_size:
+        raise ValueError(f"the base corpus was cached at {cache.size}px but the model reads {bundle.image_size}px "
+                         "images; prepare the inputs again for these params (cglib.prepare.prepare_inputs)")
     image_ids = list(cache.image_ids)
     if len(image_ids) < 2:
         raise ValueError(f"the base corpus has {len(image_ids)} readable images; base training needs at least 2")

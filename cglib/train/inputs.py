@@ -1,86 +1,26 @@
-"""What every run of a params file reads: magic.json, the image cache of its images, and the run entries."""
+"""The run entries of a params file: which run is which, what determines its result (its spec), what it may not do
+under torchrun, and what it was exposed to. The data they read is prepared below training (cglib.prepare)."""
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from typing import Any
 
-from cglib import distributed
 from cglib.config import Params, TrainRunParams
-from cglib.data.dataset import CaptionDataset
-from cglib.data.download import file_digest
-from cglib.data.image_cache import ImageCache, magic_image_cache
-from cglib.distributed import DistInfo
-from cglib.hf_clip import image_size
-from cglib.magic.files import load_magic
-from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
-from cglib.magic.schema import MagicFile
-from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
-from cglib.run import RunContext
+from cglib.prepare.inputs import TrainInputs, model_image_size
+from cglib.run import file_digest
 from cglib.train.released import released_file
 
-
-@dataclass
-class TrainInputs:
-    """What every run of a params file reads: the MAGIC file and the image cache of its images."""
-
-    magic: MagicFile
-    cache: ImageCache
-    fingerprint: str  # hash of magic.json and the cache key: a checkpoint of other data is not resumed
-    groups: str = "magic"  # which groups `magic` holds: the run's MAGIC, or its n-gram groups (magic/ngram.json)
-
-
-def model_image_size(params: Params) -> int:
-    """The input size of params.model (the training image cache is built at it)."""
-    if params.model.image_size is not None:
-        return params.model.image_size
-    if params.model.source == "hf":
-        return image_size(params.model.name)
-    name = params.model.name
-    if name in CGLIB_CONFIGS:
-        return (DEMO_VISION if name == "cglib-demo-vit" else TINY_VISION)["image_size"]
-    import open_clip
-
-    config = open_clip.get_model_config(name)
-    if config is None:
-        raise ValueError(f"model.name '{name}' is not an open_clip architecture (see open_clip.list_models())")
-    size = config["vision_cfg"]["image_size"]
-    return int(size[0] if isinstance(size, list | tuple) else size)
-
-
-def load_inputs(run: RunContext, image_size: int | None = None, progress: bool = True,
-                info: DistInfo | None = None, groups: str = "magic") -> TrainInputs:
-    """magic.json, and the image cache of its images at `image_size` (default: the model's input size).
-
-    groups "ngram": the run's n-gram groups instead (magic/ngram.json, built by rank 0 when absent or out of
-    date, cglib.magic.ngram.build_ngram_groups) over the same image cache; the fingerprint hashes their content.
-    """
-    image_size = image_size or model_image_size(run.params)
-    magic_path = run.require("magic/magic.json", "03_magic_dag")
-    dataset_dir = run.require("captions/dataset.json", "01_captions").parent
-    magic = load_magic(magic_path)
-    cache = magic_image_cache(run, magic.images, CaptionDataset.load(dataset_dir), image_size, progress, info)
-    digest = hashlib.sha1(magic_path.read_bytes())
-    if groups == "ngram":
-        info = info or DistInfo()
-        if info.is_main:
-            build_ngram_groups(run)
-        distributed.barrier(info)
-        magic = load_magic(ngram_path(run))
-        digest = hashlib.sha1(f"ngram:{content_digest(magic)}".encode())
-    elif groups != "magic":
-        raise ValueError(f"unknown groups {groups!r}; use magic or ngram")
-    digest.update(cache.directory.name.encode())
-    return TrainInputs(magic, cache, digest.hexdigest()[:16], groups)
-
-
-def inputs_for(run: RunContext, entry: TrainRunParams, inputs: TrainInputs | None, progress: bool = True,
-               info: DistInfo | None = None) -> TrainInputs:
-    """`inputs` when they hold the groups the run entry trains on (train.runs[i].groups), else those loaded."""
-    if inputs is not None and inputs.groups == entry.groups:
-        return inputs
-    return load_inputs(run, progress=progress, info=info, groups=entry.groups)
+__all__ = [
+    "TrainInputs",
+    "distributed_refusal",
+    "exposure",
+    "model_image_size",
+    "related_methods",
+    "run_entry",
+    "run_spec",
+    "text_source",
+    "torchrun_refusals",
+]
 
 
 def run_entry(params: Params, name: str) -> TrainRunParams:

@@ -5,7 +5,7 @@ One run = optional textual pretraining (pretrain.py), then `train.epochs` image-
 the text tower is frozen), the run's loss from `cglib.losses`, AdamW with warmup-cosine, AMP, clipping at
 `train.grad_clip`, `train.grad_accum` batches per optimizer step. The package's jobs, one module each:
 
-    inputs.py      magic.json + image cache, run entries and specs
+    inputs.py      run entries and specs (the data they read is prepared before training: cglib.prepare)
     sampler.py     what an epoch is (pairs | groups) and the group batches
     batches.py     batches as tensors for a DataLoader (pixels, text rows or tokens, text ids)
     objectives/    the objectives (one module each), their protocol and registry
@@ -31,8 +31,8 @@ with the towers (step.GroupTask). Every objective receives the batch's text ids:
 each other's negatives.
 
 Groups (`train.runs[i].groups`): magic (the MAGIC l1 nodes) or ngram (caption n-grams shared by enough
-MAGIC-train images, magic/ngram.json, built from magic.json on first use by cglib.magic.ngram.build_ngram_groups;
-such runs train on the images' original captions).
+MAGIC-train images, magic/ngram.json, built from magic.json by the preparation stage, cglib.prepare; such runs
+train on the images' original captions).
 A run starts from the initial weights, or with `init: NAME` from the final weights of an earlier run (trained
 first if needed), whose exposure to evaluation strings it inherits.
 
@@ -75,23 +75,15 @@ from typing import Any
 
 from cglib import distributed
 from cglib.config import Params
-from cglib.data.download import file_digest
-from cglib.data.image_cache import image_cache_dir
 from cglib.distributed import DistInfo
 from cglib.models import ClipModel, architecture_params, build_model
+from cglib.prepare import BaseCorpus, PreparedInputs, TrainInputs
+from cglib.prepare.base import initial_spec
 from cglib.run import RunContext, provenance, seed_everything, seed_label, training_dir, write_json
-from cglib.train.base import base_corpus, train_base
+from cglib.train.base import train_base
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
-from cglib.train.inputs import (
-    TrainInputs,
-    inputs_for,
-    load_inputs,
-    model_image_size,
-    run_entry,
-    run_spec,
-    torchrun_refusals,
-)
+from cglib.train.inputs import model_image_size, run_entry, run_spec, torchrun_refusals
 from cglib.train.objectives import build_objective
 from cglib.train.runlog import LOG_COLUMNS
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
@@ -111,7 +103,6 @@ __all__ = [
     "base_record",
     "build_objective",
     "ensure_initial",
-    "load_inputs",
     "load_trained",
     "model_image_size",
     "run_entry",
@@ -128,47 +119,34 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _initial_spec(run: RunContext) -> dict[str, Any]:
-    """What determines the initial weights: the model, the seed and, with a base corpus, how the base trains."""
-    p = run.params
-    spec: dict[str, Any] = {"model": p.model.model_dump(mode="json"), "seed": p.run.seed}
-    if run.training_seed:
-        spec["training_seed"] = run.training_seed
-    if p.train.base.corpus != "none":
-        spec["base"] = p.train.base.model_dump(mode="json")
-        spec["base_train"] = {"tau": p.train.tau, "weight_decay": p.train.weight_decay,
-                              "grad_clip": p.train.grad_clip, "amp": p.train.amp}
-        if p.train.base.corpus == "synthetic":
-            spec["world"] = {**p.data.synthetic.model_dump(mode="json"), "levels": p.magic.l_max}
-        else:  # the MAGIC-train images: a rebuilt magic.json or new captions make another base
-            spec["data"] = [file_digest(run.require(f, stage), "sha1") for f, stage in
-                            (("magic/magic.json", "03_magic_dag"), ("captions/dataset.json", "01_captions"))]
-    return spec
-
-
-def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool = True) -> Path:
+def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool = True,
+                   base: BaseCorpus | None = None) -> Path:
     """Save the weights every run starts from (the zero-shot row) once per spec: `training/initial.safetensors`.
 
     Without a base corpus these are the model as built (a pretrained tag, or random init); with
-    `train.base.corpus` the model is first trained with the CLIP loss on that corpus (base.py) and
-    `initial.json` records what the base saw. A MiniLM text tower is the package's own pretrained weights: the
-    file references it (with its hash) instead of copying its 22M parameters.
+    `train.base.corpus` the model is first trained with the CLIP loss on that corpus (base.py), which
+    `prepare_inputs` prepared (`base`, on rank 0), and `initial.json` records what the base saw. A MiniLM text
+    tower is the package's own pretrained weights: the file references it (with its hash) instead of copying its
+    22M parameters.
     """
     info = info or DistInfo()
     path = run.training_dir / INITIAL
     meta_path = path.with_suffix(".json")
-    want = _initial_spec(run)
+    want = initial_spec(run)
     current = None
     if meta_path.is_file() and path.is_file():
         current = json.loads(meta_path.read_text(encoding="utf-8")).get("spec")
     if current != want and info.is_main:
+        if run.params.train.base.corpus != "none" and base is None:
+            raise ValueError(f"the initial weights of training seed {run.training_seed} must be trained on the base "
+                             f"corpus ({run.params.train.base.corpus}), which was not prepared: call "
+                             f"cglib.prepare.prepare_inputs(run, seeds=[{run.training_seed}]) and pass its result")
         seed_everything(run.train_seed)  # the training seed initializes the base (and any new head)
         bundle = build_model(run.params.model, "cpu")
         record: dict[str, Any] = {"spec": want}
-        if run.params.train.base.corpus != "none":
-            corpus, described = base_corpus(run)
-            record["base"] = {**described, **train_base(run.params, bundle, corpus, image_cache_dir(run),
-                                                        run.device(), progress, seed=run.train_seed)}
+        if base is not None and run.params.train.base.corpus != "none":
+            record["base"] = {**base.record, **train_base(run.params, bundle, base, run.device(), progress,
+                                                          seed=run.train_seed)}
             bundle.model.to("cpu")
         from_package = bundle.text_tower == "minilm" and run.params.model.freeze_text
         save_weights(bundle.model, path, exclude=text_keys(bundle.model) if from_package else (),
@@ -189,29 +167,29 @@ def base_record(run_dir: str | Path, seed: int = 0) -> dict[str, Any] | None:
     return json.loads(meta.read_text(encoding="utf-8")).get("base")
 
 
-def train_one(run: RunContext, name: str, *, inputs: TrainInputs | None = None, info: DistInfo | None = None,
+def train_one(run: RunContext, name: str, *, prepared: PreparedInputs, info: DistInfo | None = None,
               on_step: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
               read_only: bool = False) -> dict[str, Any]:
-    """Train the train.runs entry `name` (resuming its checkpoint when allowed); return its summary.
+    """Train the train.runs entry `name` on the inputs `prepared` for it (cglib.prepare.prepare_inputs), resuming
+    its checkpoint when allowed; return its summary.
 
     read_only: return the summary of the run as another process trained it (notebook 05's torchrun child), checked
     against these params like a finished run; never train."""
     entry = run_entry(run.params, name)
+    prepared.check_covers([name], [run.training_seed])
     info = info or distributed.current(run.device())
     if read_only:
-        done = _finished(Trainer(run, entry, inputs_for(run, entry, inputs, progress, info), info, None, progress))
+        done = _finished(Trainer(run, entry, prepared.for_entry(entry), info, None, progress))
         if done is None:
             raise RuntimeError(f"run {name!r} has no final weights for these params under {run.training_dir}; "
                                "the training process did not finish it (see its output above)")
         return done
-    ensure_initial(run, info, progress)
+    ensure_initial(run, info, progress, prepared.base)
     if entry.init is not None:
         start = run_entry(run.params, entry.init)
-        if _finished(Trainer(run, start, inputs_for(run, start, inputs, progress, info), info, None,
-                             progress)) is None:
-            train_one(run, entry.init, inputs=inputs, info=info, progress=progress)  # its final weights start this run
-    inputs = inputs_for(run, entry, inputs, progress, info)  # the groups the run trains on (MAGIC or n-grams)
-    trainer = Trainer(run, entry, inputs, info, on_step, progress)
+        if _finished(Trainer(run, start, prepared.for_entry(start), info, None, progress)) is None:
+            train_one(run, entry.init, prepared=prepared, info=info, progress=progress)  # its final weights start this run
+    trainer = Trainer(run, entry, prepared.for_entry(entry), info, on_step, progress)  # its groups: MAGIC or n-grams
     done = _finished(trainer) if run.params.train.resume else None
     if done is not None:
         logger.info("run %s is already trained with these params; reusing it", name)
@@ -229,18 +207,19 @@ def _finished(trainer: Trainer) -> dict[str, Any] | None:
     return None
 
 
-def train_all(run: RunContext, names: list[str] | None = None, progress: bool = True,
+def train_all(run: RunContext, prepared: PreparedInputs, names: list[str] | None = None, progress: bool = True,
               info: DistInfo | None = None, seeds: list[int] | None = None,
               read_only: bool = False) -> dict[str, dict[str, Any]]:
-    """Train every train.runs entry (or those named) under every training seed (train.seeds, or `seeds`), each
-    from its seed's initial weights or from run `init`'s final weights (trained first when it is not yet);
-    summaries by `seed_label` (the name itself for seed 0). read_only: read what another process trained
-    (train_one)."""
+    """Train every train.runs entry (or those named) under every training seed (train.seeds, or `seeds`) on the
+    inputs `prepared` for them (cglib.prepare.prepare_inputs, called just before), each from its seed's initial
+    weights or from run `init`'s final weights (trained first when it is not yet); summaries by `seed_label` (the
+    name itself for seed 0). read_only: read what another process trained (train_one)."""
     names = names or [r.name for r in run.params.train.runs]
     for name in names:
         run_entry(run.params, name)  # fail before any work on a typo
     info = info or distributed.current(run.device())
     seeds = seeds if seeds is not None else run.params.train.seeds
+    prepared.check_covers(names, seeds)
     if info.distributed:  # before any work: a run, or an init it would train first, that cannot run under torchrun
         refused = {n: r for name in names for n, r in torchrun_refusals(run.params, name).items()
                    if n in names or not all((run.for_training_seed(k).training_dir / n / FINAL).is_file()
@@ -249,20 +228,15 @@ def train_all(run: RunContext, names: list[str] | None = None, progress: bool = 
             raise ValueError("these runs cannot run under torchrun: " + "; ".join(f"{n} ({r})" for n, r in
                              refused.items()) + ". Train them in one process (python -m cglib.train PARAMS --runs "
                              "NAME, or train.processes: 1), or leave them out with --runs")
-    inputs = load_inputs(run, progress=progress, info=info)  # the data is the same under every training seed
-    by_groups = {"magic": inputs}  # runs with groups: ngram get theirs once, on first use
     out = {}
     for position, k in enumerate(seeds, start=1):
         seeded = run.for_training_seed(k)
         if info.is_main and len(seeds) > 1:  # each seed repeats every run's lines: say whose they are
             print(f"Training seed {k} ({position} of {len(seeds)}), in {seeded.training_dir.relative_to(run.dir)}:")
-        ensure_initial(seeded, info, progress)
+        ensure_initial(seeded, info, progress, prepared.base)
         for name in names:
-            groups = run_entry(run.params, name).groups
-            if groups not in by_groups:
-                by_groups[groups] = load_inputs(run, progress=progress, info=info, groups=groups)
-            out[seed_label(name, k)] = train_one(seeded, name, inputs=by_groups[groups], info=info,
-                                                 progress=progress, read_only=read_only)
+            out[seed_label(name, k)] = train_one(seeded, name, prepared=prepared, info=info, progress=progress,
+                                                 read_only=read_only)
     return out
 
 

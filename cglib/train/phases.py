@@ -30,7 +30,7 @@ from cglib.train.batches import GroupBatchData, batch_loader
 from cglib.train.inputs import text_source
 from cglib.train.objectives import Objective, Setup, TextAlignment
 from cglib.train.pretrain import PublishedTextPairSampler, TextPairSampler
-from cglib.train.re_run import LOSS_PARTS, REBatchSampler, re_items
+from cglib.train.re_run import LOSS_PARTS, REBatchSampler
 from cglib.train.sampler import GroupBatchSampler
 from cglib.train.setup import RunSetup
 from cglib.train.state import TrainState
@@ -167,7 +167,7 @@ def re_alignment(setup: RunSetup, state: TrainState, bundle: ClipModel,
     """The HierarCaps RE alignment (re_run.py): the text side alone, on the items its options.data names."""
     t, objective = setup.t, setup.objective
     o = objective.options  # the run entry's options (REOptions)
-    items, described = re_items(setup.params, o.data, setup.inputs.magic)
+    items, described = setup.inputs.re_items_for(o.data)  # prepared with the inputs (cglib.prepare)
     sampler = REBatchSampler(items, o.batch_size, setup.run.train_seed)
     per_epoch = len(sampler)
     re_info = {**described, **sampler.describe(), "epochs": o.epochs, "lr": o.lr,

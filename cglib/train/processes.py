@@ -1,6 +1,6 @@
 """Notebook 05 on every GPU: `train.processes` K > 1 trains the runs with `torchrun -m cglib.train` as a child.
 
-`train_runs(run)` is what notebook 05 calls. With one process it is `train_all`. With K > 1 it first says which
+`train_runs(run, prepared)` is what notebook 05 calls, after `cglib.prepare.prepare_inputs`. With one process it is `train_all`. With K > 1 it first says which
 runs cannot run distributed (their objective's own `distributed_refusal`, `inputs.distributed_refusal`) and
 trains those in this process (with any such init of the other runs), then starts `torchrun --standalone
 --nproc_per_node K -m cglib.train PARAMS --run-dir DIR --runs NAME ...` for the others: one rank per GPU (NCCL),
@@ -25,6 +25,7 @@ import torch
 
 import cglib
 from cglib.frontend import HEADLESS_ENV, headless
+from cglib.prepare import PreparedInputs
 from cglib.run import RunContext
 from cglib.train.inputs import torchrun_refusals
 from cglib.train.loop import train_all
@@ -101,19 +102,22 @@ def run_child(command: list[str], env: dict[str, str] | None = None) -> None:
                            f"its last lines:\n" + "\n".join(tail))
 
 
-def train_runs(run: RunContext, names: list[str] | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
-    """Train the runs of train.runs (or those named) on train.processes processes; summaries as `train_all`'s."""
+def train_runs(run: RunContext, prepared: PreparedInputs, names: list[str] | None = None,
+               progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Train the runs of train.runs (or those named) on train.processes processes, on the inputs `prepared` for
+    them (cglib.prepare.prepare_inputs); summaries as `train_all`'s. The torchrun child prepares its own (it finds
+    them built: `python -m cglib.train`)."""
     names = names or [r.name for r in run.params.train.runs]
     processes = resolved_processes(run)
     if processes == 1:
-        return train_all(run, names, progress=progress)
+        return train_all(run, prepared, names, progress=progress)
     distributed, refused = split_runs(run, names)
     for name, why in refused.items():
         print(f"{name}: trains in this process, not under torchrun ({why})")
     if refused:
-        train_all(run, list(refused), progress=progress)
+        train_all(run, prepared, list(refused), progress=progress)
     if distributed:
         command = torchrun_command(run, processes, distributed, progress)
         print(f"training {', '.join(distributed)} on {processes} processes: {' '.join(command)}")
         run_child(command)
-    return train_all(run, names, progress=progress, read_only=True)
+    return train_all(run, prepared, names, progress=progress, read_only=True)

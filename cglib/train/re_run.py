@@ -3,7 +3,7 @@
 A run with `loss: re` trains the text side only (the image tower and the logit scale are frozen and referenced
 in its weights file): the text tower and its projection, or with `train.text_trains: projection` the projection
 alone on precomputed outputs of the frozen tower (`text_phase.py`; the demo) with `cglib.radial.radial_embedding_loss` on RE items
-(`cglib.data.hierarcaps_train`): the run's `options.data: magic` builds them from this run's MAGIC train split (an image's
+(prepared with the run's inputs, `cglib.prepare.re_items`): the run's `options.data: magic` builds them from this run's MAGIC train split (an image's
 concept chain l_max..l1 then one of its captions, `cglib.magic.re_items.re_items_from_magic(magic, "train", run.seed)`; a single
 top-level node, having no negative, is left out of the chain: K = l_max), `hierarcaps_train` reads the authors'
 hierarchies (`data.hierarcaps_train_csv`). Each step embeds the batch's 2K texts per item and the empty string (the root r, recomputed by the trainable tower every step, so gradients
@@ -19,42 +19,16 @@ Items from MAGIC name the l1-l4 concepts (the evaluation queries): such a run is
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from cglib.config import Params
-from cglib.data.hierarcaps_train import REItem, load_hierarcaps_train
-from cglib.magic.re_items import re_items_from_magic
-from cglib.magic.schema import MagicFile
+from cglib.data.hierarcaps_train import REItem
 from cglib.radial import radial_embedding_loss
 
 LOSS_PARTS = ("mean", "minimax", "reg", "angle_pos", "angle_neg")  # logged as re_<part> in log.csv
-
-
-def re_items(params: Params, data: str, magic: MagicFile) -> tuple[list[REItem], dict[str, Any]]:
-    """The run's RE items (`data`: its options.data) and a record of where they come from, for the summary."""
-    if data == "magic":
-        items, counts = re_items_from_magic(magic, "train", params.run.seed, single_top="drop")
-        what = ("MAGIC train split: per image its concept chain names l_max..l1 (the l1-l4 evaluation queries) "
-                "then one of its original captions; negatives same-level names off the chain and another image's "
-                "caption" + ("; the top tier is left out (a single top-level node has no negative)"
-                             if counts.get("dropped top tier: a single top-level node") else ""))
-    else:
-        path = params.data.hierarcaps_train_csv
-        if path is None:
-            raise ValueError("options.data: hierarcaps_train needs data.hierarcaps_train_csv (`cglib download "
-                             "hierarcaps-train --dest DIR` fetches it)")
-        items, counts = load_hierarcaps_train(path)
-        what = f"HierarCaps train hierarchies ({path.name}): four tiers, the last a caption"
-    if not items:
-        raise ValueError(f"options.data: {data} gave no RE item ({dict(counts)}); check the MAGIC train split "
-                         "(images with captions and concept chains) or the HierarCaps train file")
-    return items, {"re_data": data, "data": what, "items": len(items), "tiers": len(items[0].positives),
-                   "counts": dict(sorted(Counter(counts).items()))}
 
 
 class REBatchSampler:

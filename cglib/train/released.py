@@ -14,8 +14,8 @@ from typing import Any
 
 from cglib import hf_clip
 from cglib.config import TrainRunParams
-from cglib.data.download import file_digest
 from cglib.models import ClipModel
+from cglib.run import file_digest
 
 TRAINED_HERE = "trained here"
 

@@ -77,8 +77,8 @@ class Trainer:
         self.boundary: tuple[dict[str, Any], dict[str, Any], Stepper | None] | None = None
         if inputs.groups != entry.groups:
             raise ValueError(f"run {entry.name!r} trains on groups: {entry.groups}, but these inputs hold "
-                             f"{inputs.groups} groups; load them with load_inputs(run, groups={entry.groups!r}) "
-                             "(train_one and train_all do)")
+                             f"{inputs.groups} groups; prepare them with cglib.prepare.prepare_inputs(run, "
+                             f"names=[{entry.name!r}]) and pass train_one or train_all what it prepared")
 
     @property
     def out(self) -> Path:

@@ -58,6 +58,7 @@ class ObjectiveSpec:
     min_pairs: ClassVar[int] = 1  # pairs per group (train.pairs_per_group) it needs
     Options: ClassVar[type[Section]] = NoOptions  # its run entries' `options` (validated with the params)
     distributed_refusal: ClassVar[str | None] = None  # why it cannot run under torchrun (None: it can)
+    permutes_keywords: ClassVar[bool] = False  # it reads the captions' keyword relations (prepared before training)
 
     @classmethod
     def exposure(cls, params: RunParams, entry: RunEntry) -> list[str]:

@@ -33,3 +33,4 @@ class ClipSpec(ObjectiveSpec):
 class ClipHardNegativesSpec(ObjectiveSpec):
     name, label, family = "clip_hn", "CLIP with keyword-permuted hard negatives", "clip"
     related = "keyword-permuted hard negatives (Rosch et al.)"
+    permutes_keywords = True

@@ -65,7 +65,7 @@ class Setup:
 
     bundle: the model at the phase's starting weights (after any textual pretraining); start_model(): the run's
     STARTING model (built fresh, the global RNG untouched); sampler: the phase's GroupBatchSampler; inputs:
-    TrainInputs (magic, image cache); params and entry: the params file and the run entry; seed: the training
+    TrainInputs (magic, image cache, keyword relations: what cglib.prepare prepared); params and entry: the params file and the run entry; seed: the training
     seed's init-and-order seed; epochs: image-text epochs; device; resumed: the checkpoint's saved objective state
     (None: a fresh phase); step: optimizer steps already done in this phase.
     """

@@ -14,7 +14,6 @@ from torch import Tensor
 
 from cglib import losses
 from cglib.config.objectives.clip import ClipHardNegativesSpec
-from cglib.data.permute import permuter_for
 from cglib.train.objectives.base import GroupFeatures, Objective, Setup
 from cglib.train.objectives.keyword_negatives import HardNegativePlan, plan_hard_negatives
 
@@ -26,7 +25,7 @@ class ClipHardNegatives(ClipHardNegativesSpec, Objective):
         self.plan: HardNegativePlan | None = None
 
     def setup(self, setup: Setup) -> None:
-        self.plan = plan_hard_negatives(setup.sampler, permuter_for(setup.params), setup.seed, setup.epochs)
+        self.plan = plan_hard_negatives(setup.sampler, setup.inputs.keyword_permuter(), setup.seed, setup.epochs)
 
     def replacement_texts(self) -> set[str] | None:
         return self.plan.texts

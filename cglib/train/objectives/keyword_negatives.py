@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cglib.data.permute import KINDS, KeywordPermuter
+from cglib.data.permute import KeywordPermuter
 from cglib.train.sampler import GroupBatch, GroupBatchSampler
 
 HN_STREAM = 21  # generator stream of the hard negatives: distinct from the sampler's (seed, epoch, index, 1)
@@ -80,7 +80,7 @@ class HardNegativePlan:
                 "with_hard_negative": totals["with_hard_negative"],
                 "pairs_without_keyword": totals["without_keyword"],
                 "pairs_without_other_text": totals["without_other_text"],
-                "by_type": {k: sum(e["by_type"][k] for e in self.epochs) for k in KINDS},
+                "by_type": {k: sum(e["by_type"][k] for e in self.epochs) for k in self.permuter.kinds},
                 "per_epoch": self.epochs}
 
 
@@ -90,7 +90,7 @@ def plan_hard_negatives(sampler: GroupBatchSampler, permuter: KeywordPermuter, s
     plan = HardNegativePlan(permuter, seed)
     for epoch in range(epochs):
         counts = {"epoch": epoch, "pairs": 0, "with_hard_negative": 0, "without_keyword": 0, "without_other_text": 0,
-                  "by_type": dict.fromkeys(KINDS, 0)}
+                  "by_type": dict.fromkeys(permuter.kinds, 0)}
         for batch in sampler.epoch(epoch):
             for hn in plan(batch):
                 counts["pairs"] += 1
