@@ -46,13 +46,21 @@ def images_to_pixels(images: Sequence[Image.Image], size: int) -> np.ndarray:
 
 @torch.no_grad()
 def encode_images(bundle: ClipModel, pixels: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """L2-normalised image embeddings (float32, (n, D)) of uint8 (n, H, W, 3) images, in eval mode."""
+    """L2-normalised image embeddings (float32, (n, D)) of uint8 (n, H, W, 3) images, in eval mode.
+
+    Every call of the tower holds exactly `batch_size` images (the last chunk is filled with copies of its last
+    image): BLAS picks its kernels by matrix shape, so an image embedded in a chunk of 1 or 7 differs in the last
+    float32 digit from the same image in a chunk of 40. With one shape, an image's embedding depends on the image
+    and `batch_size` alone, not on which other images were asked for or how many.
+    """
     was_training = bundle.model.training
     bundle.model.eval()
     chunks = []
     for start in range(0, len(pixels), batch_size):
-        x = pixels_to_tensor(pixels[start:start + batch_size], bundle).to(bundle.device)
-        chunks.append(bundle.model.encode_image(x, normalize=True).float().cpu())
+        chunk = pixels[start:start + batch_size]
+        filled = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - len(chunk), axis=0)])
+        x = pixels_to_tensor(filled, bundle).to(bundle.device)
+        chunks.append(bundle.model.encode_image(x, normalize=True).float().cpu()[:len(chunk)])
     bundle.model.train(was_training)
     return torch.cat(chunks).numpy() if chunks else np.zeros((0, bundle.embed_dim), np.float32)
 
@@ -83,36 +91,72 @@ def without_text_projection(bundle: ClipModel) -> Iterator[None]:
         text.proj = proj
 
 
+# Every call of a text tower holds TEXT_BATCH texts (the last chunk filled with copies of its last text), each
+# cut to its own token length rounded up to LENGTH_STEP. BLAS picks kernels by matrix shape and a longer padded
+# row sums its attention in another order, so before this a text's embedding changed in the last float32 digits
+# with the other texts of its batch (which came first, how many were asked for, the longest among them).
+TEXT_BATCH = 64
+LENGTH_STEP = 8
+
+
 @torch.no_grad()
-def encode_texts(bundle: ClipModel, texts: Sequence[str], batch_size: int = 256, normalize: bool = True
-                 ) -> np.ndarray:
+def encode_texts(bundle: ClipModel, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
     """Text embeddings (float32, (n, D)), L2-normalised unless `normalize=False`, in eval mode.
 
+    Each text's embedding is bitwise a function of the text and the weights alone (`_run_text_tower`).
     Hugging Face towers (the MiniLM) mask padding, and open_clip's HF tokenizer pads every text to the context
-    length: texts are batched by length and columns that are padding in the whole batch are dropped (about 4x
-    fewer tokens for captions; equal up to float rounding). CLIP's own tower has a fixed positional table and
-    takes the full context. A MiniLM tower's outputs before its projection are remembered per tower weights
-    (`_minilm_outputs`), so only the projection runs for a text that tower has already embedded.
+    length: each text takes its own length rounded up to LENGTH_STEP tokens (about 4x fewer tokens for
+    captions). CLIP's own tower has a fixed positional table and takes the full context. A MiniLM tower's outputs
+    before its projection are remembered per tower weights (`_minilm_outputs`), so only the projection runs for a
+    text that tower has already embedded.
     """
     if bundle.text_tower == "minilm":
-        outputs = torch.from_numpy(_minilm_outputs(bundle, texts, batch_size)).to(bundle.device)
-        embedded = bundle.model.text.proj(outputs).float()
+        outputs = torch.from_numpy(_minilm_outputs(bundle, texts)).to(bundle.device)
+        embedded = _in_fixed_chunks(bundle.model.text.proj, outputs).float()
         return (F.normalize(embedded, dim=-1) if normalize else embedded).cpu().numpy()
-    return _run_text_tower(bundle, texts, batch_size, normalize)
+    return _run_text_tower(bundle, texts, normalize)
 
 
-def _run_text_tower(bundle: ClipModel, texts: Sequence[str], batch_size: int, normalize: bool) -> np.ndarray:
-    """Text embeddings straight from the tower, batched by length with shared padding columns dropped."""
+def _in_fixed_chunks(layer: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """`layer(rows)` computed TEXT_BATCH rows at a time (the last chunk filled with copies of its last row), so each
+    row's result is the same however many rows are asked for (a linear layer on fewer than 8 rows takes another
+    BLAS kernel)."""
+    out = []
+    for start in range(0, len(rows), TEXT_BATCH):
+        chunk = rows[start:start + TEXT_BATCH]
+        filled = torch.cat([chunk, chunk[-1:].expand(TEXT_BATCH - len(chunk), -1)])
+        out.append(layer(filled)[:len(chunk)])
+    return torch.cat(out) if out else layer(rows)
+
+
+def _token_lengths(bundle: ClipModel, tokens: torch.Tensor) -> list[int]:
+    """Columns each text is run with: its own tokens rounded up to LENGTH_STEP (a tower that masks padding),
+    else the full context."""
+    context = tokens.shape[1]
     pad = _pad_token_id(bundle)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if pad is not None else range(len(texts))
-    order = list(order)
+    if pad is None:
+        return [context] * len(tokens)
+    used = torch.arange(1, context + 1) * (tokens != pad)  # 1-based column of each real token, 0 at padding
+    own = used.max(dim=1).values.tolist()
+    return [min(context, -(-n // LENGTH_STEP) * LENGTH_STEP) for n in own]
+
+
+def _run_text_tower(bundle: ClipModel, texts: Sequence[str], normalize: bool) -> np.ndarray:
+    """Text embeddings straight from the tower, in calls of one shape per token length: TEXT_BATCH rows."""
     out = np.empty((len(texts), bundle.embed_dim), dtype=np.float32)
+    if not texts:
+        return out
+    tokens = bundle.tokenizer(list(texts))
+    lengths = _token_lengths(bundle, tokens)
     was_training = bundle.model.training
     bundle.model.eval()
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        tokens = tokenize(bundle, [texts[i] for i in rows])
-        out[rows] = bundle.model.encode_text(tokens.to(bundle.device), normalize=normalize).float().cpu().numpy()
+    for length in sorted(set(lengths)):
+        rows = [i for i, n in enumerate(lengths) if n == length]
+        for start in range(0, len(rows), TEXT_BATCH):
+            chunk = rows[start:start + TEXT_BATCH]
+            filled = chunk + chunk[-1:] * (TEXT_BATCH - len(chunk))
+            x = tokens[filled, :length].to(bundle.device)
+            out[chunk] = bundle.model.encode_text(x, normalize=normalize).float().cpu().numpy()[:len(chunk)]
     bundle.model.train(was_training)
     return out
 
@@ -120,12 +164,13 @@ def _run_text_tower(bundle: ClipModel, texts: Sequence[str], batch_size: int, no
 # MiniLM outputs before the projection, per digest of the tower's weights. Every model of a demo run shares the
 # package's frozen MiniLM, and the base, each run's text table, the text phases and evaluation embed the same
 # captions again and again (about 40% of notebook 05's time before this memo). A tower that trains gets a new
-# digest, so it never reads outputs of other weights; the two most recent towers are kept.
+# digest, so it never reads outputs of other weights; the two most recent towers are kept. Since a text's outputs
+# do not depend on the texts computed with it (`_run_text_tower`), what the first caller asked for changes nothing.
 _MINILM_MEMO: dict[str, dict[str, np.ndarray]] = {}
 _MINILM_MEMO_TOWERS = 2
 
 
-def _minilm_outputs(bundle: ClipModel, texts: Sequence[str], batch_size: int) -> np.ndarray:
+def _minilm_outputs(bundle: ClipModel, texts: Sequence[str]) -> np.ndarray:
     """The MiniLM tower's outputs (before its projection) for `texts`, computing only those not yet remembered."""
     tower = bundle.model.text
     digest = tensors_sha1({k: v for k, v in tower.state_dict().items() if not k.startswith("proj.")})
@@ -137,7 +182,7 @@ def _minilm_outputs(bundle: ClipModel, texts: Sequence[str], batch_size: int) ->
     if missing:
         proj, tower.proj = tower.proj, torch.nn.Identity()
         try:
-            memo.update(zip(missing, _run_text_tower(bundle, missing, batch_size, normalize=False)))
+            memo.update(zip(missing, _run_text_tower(bundle, missing, normalize=False)))
         finally:
             tower.proj = proj
     if not texts:

@@ -415,8 +415,8 @@ def tiny_bundle():
 
 
 def test_trimmed_text_encoding_equals_the_models_own(tiny_bundle):
-    """Dropping all-padding columns (HF tower) gives the same embeddings as the full padded context, in input
-    order."""
+    """Cutting each text to its own length (HF tower, batches of texts of one length) gives the same embeddings as
+    the full padded context, in input order."""
     import torch
 
     from cglib.encoding import encode_texts
@@ -424,7 +424,7 @@ def test_trimmed_text_encoding_equals_the_models_own(tiny_bundle):
     texts = ["a dog", "a very long caption about a birthday party with a cake and many balloons", "x", "picnic"]
     with torch.no_grad():
         full_context = tiny_bundle.model.encode_text(tiny_bundle.tokenizer(texts), normalize=True).numpy()
-    np.testing.assert_allclose(encode_texts(tiny_bundle, texts, batch_size=3), full_context, atol=1e-5)
+    np.testing.assert_allclose(encode_texts(tiny_bundle, texts), full_context, atol=1e-5)
 
 
 def test_embedding_cache_is_keyed_by_weights_and_items(tmp_path, tiny_bundle):

@@ -10,7 +10,7 @@ from open_clip.transformer import QuickGELU
 
 from cglib.config import ModelParams
 from cglib.embed import MINILM_DIM, embed_texts
-from cglib.encoding import _run_text_tower, encode_images, encode_texts, pixels_to_tensor
+from cglib.encoding import TEXT_BATCH, _run_text_tower, encode_images, encode_texts, pixels_to_tensor
 from cglib.losses import pairwise_group_loss
 from cglib.models import Towers, architecture_params, build_model, resolve_activation
 from cglib.weights import load_weights, save_weights
@@ -230,20 +230,21 @@ def test_minilm_outputs_are_remembered_per_tower_weights():
     for bundle in (first, second):
         bundle.model.text.transformer.register_forward_hook(
             lambda module, args, kwargs, out: calls.append(len(kwargs["input_ids"])), with_kwargs=True)
-    direct = _run_text_tower(first, texts, 256, True)
+    direct = _run_text_tower(first, texts, True)
+    once = len(calls)  # one call per token length, each of TEXT_BATCH rows
     calls.clear()
     assert np.array_equal(encode_texts(first, texts), direct)
-    assert calls == [3]  # three distinct texts, one batch
+    assert calls == [TEXT_BATCH] * once  # three distinct texts, run once
     with torch.no_grad():
         second.text_projection().weight.mul_(2.0)
     assert np.allclose(encode_texts(second, texts, normalize=False), 2 * encode_texts(first, texts, normalize=False))
-    assert calls == [3]  # the projection changed, the tower did not: no tower call
+    assert calls == [TEXT_BATCH] * once  # the projection changed, the tower did not: no tower call
     with torch.no_grad():
         embedding = second.model.text.transformer.embeddings.word_embeddings.weight
         embedding.add_(0.1 * torch.randn(embedding.shape, generator=torch.Generator().manual_seed(0)))
     changed = encode_texts(second, texts)
-    assert len(calls) == 2 and not np.allclose(changed, encode_texts(first, texts), atol=1e-4)
-    assert np.allclose(changed, _run_text_tower(second, texts, 256, True), atol=1e-6)
+    assert len(calls) == 2 * once and not np.allclose(changed, encode_texts(first, texts), atol=1e-4)
+    assert np.allclose(changed, _run_text_tower(second, texts, True), atol=1e-6)
 
 
 @pytest.mark.parametrize("params", [

@@ -29,7 +29,7 @@ from cglib.models import ClipModel
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: fingerprints of files holding part of a tower cover the part they reference
+CACHE_VERSION = 3  # 2: fingerprints of files holding part of a tower cover the part they reference; 3: fixed-shape encoding
 NON_TOWER_KEYS = ("logit_scale", "logit_bias")
 
 
@@ -146,7 +146,7 @@ class EmbeddingStore:
         if text_vectors is None:
             text_vectors = self._shared_texts(domain, text_key)
         if text_vectors is None:
-            text_vectors = encode_texts(bundle_fn(), texts, batch_size=self.batch_size)
+            text_vectors = encode_texts(bundle_fn(), texts)
             computed.append("texts")
         self._texts[text_key] = text_vectors
         self.computed[f"{model}.{domain}"] = computed
