@@ -48,7 +48,7 @@ def _inner_from_numerators(numerators: torch.Tensor, image: torch.Tensor, text: 
 
 def inner_cglib(image: torch.Tensor, text: torch.Tensor, tau_inner: float) -> torch.Tensor:
     """cglib's choice: bmm per centroid when M < N, else materialized."""
-    return losses._pairwise_inner(image, text, tau_inner, normalize_products=False)
+    return losses.paper._pairwise_inner(image, text, tau_inner, normalize_products=False)
 
 
 def inner_materialized(image: torch.Tensor, text: torch.Tensor, tau_inner: float) -> torch.Tensor:

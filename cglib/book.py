@@ -32,7 +32,7 @@ import nbformat
 import yaml
 
 from cglib.course.student import BEGIN_SOLUTION, END_SOLUTION, has_solution, strip_solutions
-from cglib.report import MATHJAX_DIR, NotARunDirectory, bundle_mathjax, clean_notebook
+from cglib.executed_notebooks import MATHJAX_DIR, NotARunDirectory, bundle_mathjax, clean_notebook
 from cglib.run import REPO_ROOT
 
 GUIDE_DIR = REPO_ROOT / "book"  # the guide's MyST pages, readable on the forge as they are

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cglib.losses import _EPS, _unit
+from cglib.losses.conventions import EPS, unit
 
 ARCCOS_EPS = 1e-6  # arccos argument clamped to [-1 + eps, 1 - eps]: derivative at most ~707
 
@@ -66,14 +66,14 @@ def _dtype(*xs: Tensor) -> torch.dtype:
 
 def _direction(x: Tensor) -> Tensor:
     """Unit direction of a difference of unit vectors; a zero difference gives 0 (F.normalize's eps floor)."""
-    return F.normalize(x, dim=-1, eps=_EPS)
+    return F.normalize(x, dim=-1, eps=EPS)
 
 
 def exterior_angle(root: Tensor, e: Tensor, e_prime: Tensor, eps: float = ARCCOS_EPS) -> Tensor:
     """Xi_r(e, e') = arccos(cos(e - r, e' - e)) of unit-normalized inputs, broadcast over leading axes."""
     with torch.autocast(device_type=e.device.type, enabled=False):
         dtype = _dtype(root, e, e_prime)
-        r, a, b = (_unit(x.to(dtype)) for x in (root, e, e_prime))
+        r, a, b = (unit(x.to(dtype)) for x in (root, e, e_prime))
         return _angle(r, a, b, eps)
 
 
@@ -92,7 +92,7 @@ def genericness(root: Tensor, e: Tensor) -> Tensor:
                          "same text tower")
     with torch.autocast(device_type=e.device.type, enabled=False):
         dtype = _dtype(root, e)
-        return (_unit(e.to(dtype)) - _unit(root.to(dtype))).norm(dim=-1)
+        return (unit(e.to(dtype)) - unit(root.to(dtype))).norm(dim=-1)
 
 
 def radial_embedding_loss(root: Tensor, positives: Tensor, negatives: Tensor,
@@ -138,8 +138,8 @@ def radial_embedding_loss(root: Tensor, positives: Tensor, negatives: Tensor,
 
     with torch.autocast(device_type=positives.device.type, enabled=False):
         dtype = _dtype(root, positives, negatives)
-        r = _unit(root.to(dtype))
-        texts = _unit(torch.stack([positives.to(dtype), negatives.to(dtype)]))  # (2, B, K, L)
+        r = unit(root.to(dtype))
+        texts = unit(torch.stack([positives.to(dtype), negatives.to(dtype)]))  # (2, B, K, L)
         pos, neg = texts.unbind(0)
         e, e_pos, e_neg = pos[:, :-1], pos[:, 1:], neg[:, :-1]  # triplets (P_i, P_{i+1}, N_i), (B, K-1, L)
         outward = _direction(e - r)
@@ -150,7 +150,7 @@ def radial_embedding_loss(root: Tensor, positives: Tensor, negatives: Tensor,
         mean = l_re.mean()
         minimax = l_re[angle_pos.detach().reshape(-1).argmax()] + l_re[angle_neg.detach().reshape(-1).argmin()]
         if frozen_positives is not None and frozen_negatives is not None:
-            star = _unit(torch.stack([frozen_positives.detach().to(dtype), frozen_negatives.detach().to(dtype)]))
+            star = unit(torch.stack([frozen_positives.detach().to(dtype), frozen_negatives.detach().to(dtype)]))
             reg = (1 - (texts * star).sum(-1).mean()) / 2
         else:
             reg = texts.new_zeros(())

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,18 +26,19 @@ import yaml
 
 from cglib.config.evaluation import EvalParams
 from cglib.evaluate.floor import base_origin, chance_floor
+from cglib.executed_notebooks import (
+    MATHJAX_DIR,
+    NotARunDirectory,
+    bundle_mathjax,
+    clean_notebook,
+    relative_to_run,
+)
 from cglib.magic import load_magic, table1
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
 INDEX = "index.html"
 FIG4_STEM = "06_fig4_accuracy_by_level"  # cglib.viz.figures.STEMS["accuracy"]
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-INJECTED_PARAMETERS = "injected-parameters"  # the tag papermill gives the cell of parameters it inserts
-INJECTED_NOTE = "# Parameters given by `cglib run` (paths relative to the run folder; the params file by its name)"
-TEXT_OUTPUTS = ("text/plain", "text/html", "text/markdown", "text/latex")
 PAGE_TEMPLATE = Path(__file__).parent / "templates" / "report_page.html.j2"  # lab, less its CDN scripts
-MATHJAX_DIR = "mathjax"
 # nbconvert's own CDN default is 2.7.7 with TeX-AMS_CHTML-full; the packaged 2.7 tree ships this combined config
 MATHJAX_URL = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
@@ -62,10 +61,6 @@ nav.cglib-report { font-family: system-ui, sans-serif; padding: 0.5em 1em; backg
                    border-bottom: 1px solid #ccc; position: sticky; top: 0; z-index: 10; }
 nav.cglib-report a { margin-right: 1.5em; }
 """
-
-
-class NotARunDirectory(ValueError):
-    """The folder has no params.yaml: it is not a run directory written by `cglib run`."""
 
 
 @dataclass
@@ -131,70 +126,6 @@ def nav_links(name: str, names: list[str]) -> list[tuple[str, str]]:
     if at + 1 < len(names):
         links.append((f"next: {page_name(names[at + 1])}", page_name(names[at + 1])))
     return links
-
-
-def relative_to_run(text: str, run_dir: Path) -> str:
-    """`text` with the run folder's absolute path written relative to the run: `<run>/magic/magic.json` ->
-    `magic/magic.json`, `<run>` alone -> `.` (a report is read on other machines than the one that ran it)."""
-    for absolute in sorted({str(run_dir.resolve()), str(run_dir.absolute())}, key=len, reverse=True):
-        text = text.replace(absolute + os.sep, "").replace(absolute, ".")
-    return text
-
-
-def injected_parameters(source: str, run_dir: Path) -> str:
-    """Papermill's parameters cell as a report shows it: paths inside the run relative to it, any other absolute
-    path (the params file a run was started with) by its file name, and a first line that says so."""
-    source = relative_to_run(source, run_dir)
-    source = re.sub(r"""(["'])(/[^"'\n]*)\1""", lambda m: f"{m[1]}{Path(m[2]).name}{m[1]}", source)
-    lines = [line for line in source.splitlines() if line.strip() != "# Parameters"]
-    return "\n".join([INJECTED_NOTE, *lines])
-
-
-def clean_notebook(nb: nbformat.NotebookNode, run_dir: Path | None = None) -> nbformat.NotebookNode:
-    """Drop widget state and widget views (a report has no kernel); outputs keep their static renderings. With
-    `run_dir`, sources and text outputs write the run folder's paths relative to it (`relative_to_run`)."""
-    nb.metadata.pop("widgets", None)
-    if run_dir is not None:
-        _paths_relative_to_run(nb, run_dir)
-    for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            data = output.get("data")
-            if data and WIDGET_VIEW in data:
-                del data[WIDGET_VIEW]
-                if not data:  # a widget with no static rendering: say so rather than show nothing
-                    data["text/plain"] = "(interactive widget: open the notebook in Jupyter)"
-    return nb
-
-
-def _paths_relative_to_run(nb: nbformat.NotebookNode, run_dir: Path) -> None:
-    for cell in nb.cells:
-        if INJECTED_PARAMETERS in cell.metadata.get("tags", []):
-            cell.source = injected_parameters(cell.source, run_dir)
-        else:
-            cell.source = relative_to_run(cell.source, run_dir)
-        for output in cell.get("outputs", []):
-            if "text" in output:  # a stream
-                output["text"] = relative_to_run(output["text"], run_dir)
-            for mime in TEXT_OUTPUTS:
-                if isinstance(output.get("data", {}).get(mime), str):
-                    output["data"][mime] = relative_to_run(output["data"][mime], run_dir)
-            if output.get("output_type") == "error":
-                output["evalue"] = relative_to_run(output["evalue"], run_dir)
-                output["traceback"] = [relative_to_run(line, run_dir) for line in output["traceback"]]
-
-
-def bundle_mathjax(out_dir: Path) -> Path:
-    """Copy MathJax (from the jupyter-server-mathjax package) to `out_dir/mathjax/`, so equations typeset offline;
-    the localization folder (menus in other languages, 2 MB) is left out."""
-    import jupyter_server_mathjax  # lazy: only a report needs MathJax's files
-
-    source = Path(jupyter_server_mathjax.__file__).parent / "static"
-    if not (source / "MathJax.js").is_file():
-        raise FileNotFoundError(f"{source / 'MathJax.js'} not found: reinstall it with "
-                                "`pip install --force-reinstall jupyter-server-mathjax`")
-    target = out_dir / MATHJAX_DIR
-    shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("localization", "*.py"))
-    return target
 
 
 def notebook_html(path: Path, mathjax_url: str = MATHJAX_URL, run_dir: Path | None = None) -> str:

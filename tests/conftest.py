@@ -13,12 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The demo profile shrunk (as in test_demo_pipeline): same code paths, a fraction of the time.
-# The demo profile with fewer images, epochs and resamples: the same code paths in a fraction of the time.
-# Two training seeds, not the demo's three: the multi-seed paths (training/seed1/, the hierarchical bootstrap, the
-# seed lines of Fig. 4) at two thirds of the training time.
-SMALL_DEMO = {"data": {"synthetic": {"images_per_concept": 8}},
-              "train": {"epochs": 1, "base": {"epochs": 2}, "seeds": [0, 1]}, "eval": {"bootstrap": 50}}
+# The demo profile with fewer images: the run up to MAGIC (notebooks 01-03) that the headless explorers, the HTML
+# report and the browser tests share, in a fraction of the demo's time.
+SMALL_DEMO = {"data": {"synthetic": {"images_per_concept": 8}}}
 SHARED_DATA = Path(os.environ.get("CGLIB_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
@@ -67,13 +64,6 @@ def small_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def full_small_run(tmp_path_factory) -> Path:
-    """Every notebook of the shrunken demo (00-09), once per test session: the demo's code paths end to end
-    (tests/test_demo_pipeline.py)."""
-    return shrunk_demo_run(tmp_path_factory, "full")
-
-
-@pytest.fixture(scope="session")
 def classroom_run(tmp_path_factory) -> Path:
     """The whole series (00-09, solutions included) on params/classroom.yaml, executed once by `cglib run`:
     the run directory."""
@@ -81,4 +71,37 @@ def classroom_run(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("classroom") / "run"
     assert cli_main(["run", str(REPO_ROOT / "params/classroom.yaml"), "--out", str(out)]) == 0
+    return out
+
+
+def demo_code_paths() -> dict:
+    """What params/demo.yaml runs and params/classroom.yaml leaves out, as overrides for the classroom profile:
+    every kind of Table 3 row (textual pretraining, the HierarCaps RE row, the row initialised from it), two
+    training seeds (training/seed1/, the hierarchical bootstrap, the seed lines of Fig. 4) and PDF figures."""
+    demo = yaml.safe_load((REPO_ROOT / "params/demo.yaml").read_text())
+    return {"run": {"name": "demo_paths"}, "train": {"runs": demo["train"]["runs"], "seeds": [0, 1]},
+            "viz": {"formats": ["png", "pdf"]}}
+
+
+@pytest.fixture(scope="session")
+def demo_paths_run(classroom_run, tmp_path_factory) -> Path:
+    """classroom_run continued from training (notebooks 05-07) with demo_code_paths(): the demo's training and
+    evaluation code paths without running the stages before training (00-04) a second time. The stages up to MAGIC
+    are the classroom run's (its params differ only in train and viz keys), copied with its image cache and its
+    training: seed 0's base and its clip, pairwise and centroid rows are reused (train.seeds and the other rows are
+    not in a run's spec), as when a user adds rows and a seed to a finished run; the rest trains."""
+    import shutil
+
+    from cglib.cli import main as cli_main
+    from cglib.config import deep_merge
+
+    root = tmp_path_factory.mktemp("demo_paths")
+    out = root / "run"
+    shutil.copytree(classroom_run, out, ignore=shutil.ignore_patterns(
+        "evaluation", "figures", "notebooks", "own_objective", "search", "run.json"))
+    params = deep_merge(yaml.safe_load((REPO_ROOT / "params/classroom.yaml").read_text()), demo_code_paths())
+    path = root / "params" / "demo_paths.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(params))
+    assert cli_main(["run", str(path), "--out", str(out), "--only", "05,06,07"]) == 0
     return out

@@ -46,6 +46,15 @@ def test_cglib_validate_imports_neither_torch_nor_open_clip():
     assert out.strip().splitlines()[-1] == "0 []"
 
 
+def test_cglib_book_imports_neither_torch_nor_open_clip(tmp_path):
+    """`cglib book` (cglib.cli:main) reads executed notebooks and builds pages: everything it imports up to the
+    build (Sphinx comes next, and imports neither) stays light. A folder that is not a run ends the command there."""
+    out = fresh_python("import sys; from cglib.cli import main; "
+                       f"code = main(['book', {str(tmp_path)!r}]); "
+                       f"print(code, [m for m in {HEAVY!r} if m in sys.modules])")
+    assert out.strip().splitlines()[-1] == "2 []"
+
+
 def test_each_built_in_declaration_is_its_objectives_base():
     """The nn.Module of every built-in objective subclasses its declaration (so the two cannot disagree), and the
     declarations' registry names the same objectives in the same order as the training registry."""

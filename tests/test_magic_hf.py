@@ -181,7 +181,7 @@ def _series_params(run_dir: Path, path: Path, **magic) -> Path:
     params = yaml.safe_load((run_dir / "params.yaml").read_text())
     params["model"].update(name="cglib-tiny-vit", text_tower="minilm", freeze_text=True)
     params["train"]["runs"] = [{"name": "clip", "loss": "clip"}]
-    params["train"]["seeds"] = [0]  # the shared run's second seed adds nothing to a comparison of two MAGIC files
+    params["train"]["seeds"] = [0]  # the demo's other training seeds add nothing to a comparison of two MAGIC files
     params["search"]["run"] = None  # the demo tunes 'pairwise', which this single-run round trip does not train
     params["train"]["base"]["corpus"] = "none"
     params["eval"]["bootstrap"] = 20

@@ -5,7 +5,8 @@ COCO-format captions and images, the `openai` backend through the real openai cl
 OpenAI-compatible server that answers like an LLM (tests/rehearsal_llm.py) and injects 429, 5xx and malformed
 replies into every 7th input, ViT-B-32 resolved from its `openai` tag (QuickGELU) with shrunken towers and no
 weight download, a trainable open_clip text tower, the pairs epoch, textual pretraining and HierarCaps
-evaluation. Without ../shared/data it runs on the synthetic world written as COCO files, so it never skips.
+evaluation. Without the shared HierarCaps data it runs on the synthetic world written as COCO files, so it never
+skips.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, hierarcaps_data
 from fake_openai_server import FakeOpenAIServer
 from rehearsal_llm import answer
 
@@ -30,12 +31,9 @@ FAKE_KEY = "sk-rehearsal-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 
 
 def _data_overrides(tmp_path: Path) -> dict:
-    """The rehearsal's data keys: the shared HierarCaps COCO files, else the synthetic world as COCO files."""
+    """The rehearsal's data keys: the shared copy of data/hierarcaps, else the synthetic world as COCO files."""
     if (SHARED_DATA / "hierarcaps" / "coco_captions_hc1k.json").is_file():
-        shared = SHARED_DATA / "hierarcaps"
-        return {"coco_captions": str(shared / "coco_captions_hc1k.json"), "coco_images": str(shared / "test_imgs"),
-                "hierarcaps_csv": str(shared / "hierarcaps_test.csv"), "hierarcaps_images": str(shared / "test_imgs"),
-                "max_images": 200}
+        return {**hierarcaps_data(SHARED_DATA / "hierarcaps")["data"], "max_images": 200}
     from cglib.data.coco_export import write_synthetic_coco
 
     written = write_synthetic_coco(tmp_path / "synthetic-coco", images_per_concept=4)

@@ -14,17 +14,18 @@ import open_clip
 import pytest
 import torch
 import yaml
+from conftest import SHARED_DATA, hierarcaps_data
 from pydantic import ValidationError
 
 from cglib.cli import main as cli_main
-from cglib.config import ModelParams, Params, TrainParams, parse_params
+from cglib.config import ModelParams, Params, TrainParams, deep_merge, parse_params
 from cglib.models import build_model
 from cglib.train.optim import amp_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 REHEARSAL = REPO / "params" / "rehearsal.yaml"
 PAPER = REPO / "params" / "paper.yaml"
-SHARED = REPO.parent / "shared" / "data" / "hierarcaps"
+SHARED = SHARED_DATA / "hierarcaps"  # the tests' copy of data/hierarcaps (tests/conftest.py)
 # `train.epoch` is added to the schema by the training package's epoch definitions (issue 15); until that is
 # merged the rehearsal's `epoch: pairs` line is dropped before validation, and validated as soon as it exists.
 HAS_EPOCH = "epoch" in TrainParams.model_fields
@@ -32,8 +33,7 @@ HAS_EPOCH = "epoch" in TrainParams.model_fields
 # Every key (section.key) where the rehearsal may differ from the paper profile: what this machine forces.
 FORCED = {
     "run.name", "run.profile", "run.device",
-    "data.coco_captions", "data.coco_images", "data.max_images", "data.hierarcaps_csv", "data.hierarcaps_images",
-    "data.image_cache_size", "data.hierarcaps_train_csv",
+    "data.coco_captions", "data.coco_images", "data.max_images", "data.image_cache_size", "data.hierarcaps_train_csv",
     "llm.base_url",
     "magic.min_hard_negatives",
     "model.pretrained_weights", "model.image_size", "model.arch_overrides",
@@ -43,8 +43,8 @@ FORCED = {
 }
 
 
-def load(path: Path, check_paths: bool = False) -> Params:
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+def load(path: Path, check_paths: bool = False, overrides: dict | None = None) -> Params:
+    raw = deep_merge(yaml.safe_load(path.read_text(encoding="utf-8")), overrides or {})
     if not HAS_EPOCH:
         raw.get("train", {}).pop("epoch", None)
     return parse_params(raw, REPO, check_paths=check_paths)
@@ -75,15 +75,26 @@ def test_cli_validates_rehearsal() -> None:
     assert cli_main(["validate", str(REHEARSAL), "--no-check-paths"]) == 0
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/hierarcaps is not beside the repository")
+def test_rehearsal_reads_the_hierarcaps_data_where_the_hierarcaps_profile_does() -> None:
+    """The rehearsal's data paths are params/hierarcaps.yaml's (data/hierarcaps, inside the repository): a params
+    file names no folder outside it."""
+    rehearsal = yaml.safe_load(REHEARSAL.read_text(encoding="utf-8"))["data"]
+    hierarcaps = yaml.safe_load((REPO / "params" / "hierarcaps.yaml").read_text(encoding="utf-8"))["data"]
+    for key in ("coco_captions", "coco_images", "hierarcaps_csv", "hierarcaps_images"):
+        assert rehearsal[key] == hierarcaps[key], key
+        assert rehearsal[key].startswith("data/hierarcaps/"), key
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"the HierarCaps 1K data is not at {SHARED} "
+                                                "(set CGLIB_SHARED_DATA to the shared/data folder)")
 def test_rehearsal_paths_exist_with_shared_data() -> None:
-    """With the shared data beside the repository every input path of the rehearsal exists."""
-    load(REHEARSAL, check_paths=True)
+    """With the data paths pointed at the shared copy of data/hierarcaps every input path of the rehearsal exists."""
+    load(REHEARSAL, check_paths=True, overrides=hierarcaps_data(SHARED))
 
 
 def test_without_shared_data_the_synthetic_coco_files_stand_in(tmp_path: Path) -> None:
     """The synthetic world written as COCO files satisfies the rehearsal's paths and loads through its COCO loader
-    and HierarCaps reader with nothing skipped (how the rehearsal runs where ../shared/data is absent)."""
+    and HierarCaps reader with nothing skipped (how the rehearsal runs where the HierarCaps data is absent)."""
     from cglib.data.coco_export import write_synthetic_coco
     from cglib.data.hierarcaps import load_hierarcaps
     from cglib.magic.sources import load_captions

@@ -16,7 +16,8 @@ import nbformat
 import pytest
 
 from cglib.cli import main as cli_main
-from cglib.report import INJECTED_NOTE, clean_notebook, nav_links
+from cglib.executed_notebooks import INJECTED_NOTE, clean_notebook
+from cglib.report import nav_links
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}

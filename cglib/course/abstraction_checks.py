@@ -17,9 +17,9 @@ from cglib.llm.chains import chain_agreement
 from cglib.llm.cost import (
     COCO_CAPTION_CHARS,
     CONCEPT_REPLY_TOKENS,
-    _filler,
     estimate_concept_requests,
     estimate_full_coco,
+    stand_in_text,
 )
 from cglib.llm.replies import Message, ReplyError, check_message
 
@@ -144,7 +144,7 @@ def cost_case(params: Params, seed: int) -> tuple[Params, int]:
 def tokens_per_level(params: Params, captions_per_image: int = 5) -> list[float]:
     """Estimated input tokens of one chain request per level, for an image with COCO-length captions (what
     `estimate_full_coco` scales to the whole dataset)."""
-    captions = [_filler(COCO_CAPTION_CHARS)] * captions_per_image
+    captions = [stand_in_text(COCO_CAPTION_CHARS)] * captions_per_image
     return estimate_concept_requests(params, [captions])["input_tokens_per_level"]
 
 

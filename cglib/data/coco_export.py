@@ -5,7 +5,7 @@
 `load_coco_captions` reads it back with the same captions and nothing skipped. `write_synthetic_coco` renders
 a world and also writes a HierarCaps-format CSV for scenes of another seed (unseen images, like HierarCaps'
 COCO val2014 photographs beside COCO train2017), so a profile with `data.source: coco` and `eval.hierarcaps`
-(the rehearsal of the paper profile) runs end to end where `../shared/data` is absent.
+(the rehearsal of the paper profile) runs end to end where the HierarCaps 1K data is absent.
 """
 
 from __future__ import annotations

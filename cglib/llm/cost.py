@@ -37,13 +37,15 @@ def cost_usd(input_tokens: float, output_tokens: float, llm: LLMParams, price_fa
     return price_factor * (input_tokens * llm.price_input_per_1m + output_tokens * llm.price_output_per_1m) / 1e6
 
 
-def _filler(chars: int) -> str:
+def stand_in_text(chars: int) -> str:
+    """A text of exactly `chars` characters ("word word wo"): a stand-in for a caption or concept name of that
+    length, whose tokens the chars/4 estimate counts like a real one's."""
     return ("word " * (chars // 5 + 1))[:chars]
 
 
 def _stand_in_names(names: list[str], l_max: int) -> list[str]:
     """A chain's names l1..l_max, the levels not known yet filled with stand-ins of a concept name's length."""
-    return list(names[:l_max]) + [_filler(14 if k == 0 else 12) for k in range(len(names), l_max)]
+    return list(names[:l_max]) + [stand_in_text(14 if k == 0 else 12) for k in range(len(names), l_max)]
 
 
 def estimate_concept_requests(params: Params, captions: list[list[str]], sample: int = 200) -> dict[str, Any]:
@@ -60,7 +62,7 @@ def estimate_chain_requests(params: Params, todo: list[tuple[list[str], int]], s
     shown = [c for c, _ in todo[::step][:sample]]
     per_level = []
     for level in range(1, l_max + 1):
-        chain = tuple(_filler(14) for _ in range(level - 1))
+        chain = tuple(stand_in_text(14) for _ in range(level - 1))
         tokens = [estimate_tokens(chat_payload(params, ConceptTask("x", level, tuple(c), chain))) for c in shown]
         per_level.append(sum(tokens) / max(1, len(tokens)))
     requests_per_level = [sum(1 for _, first in todo if first <= level) for level in range(1, l_max + 1)]
@@ -112,8 +114,8 @@ def estimate_generalize_requests(params: Params, groups: int, captions_per_group
                                  caption_chars: int = COCO_CAPTION_CHARS) -> dict[str, Any]:
     """Estimated tokens and cost of generalized captions for `groups` nodes."""
     n = params.llm.generalized_captions_per_node
-    req = GroupRequest("g", _filler(14), [_filler(12)] * (params.magic.l_max - 1),
-                       [_filler(caption_chars)] * captions_per_group, n)
+    req = GroupRequest("g", stand_in_text(14), [stand_in_text(12)] * (params.magic.l_max - 1),
+                       [stand_in_text(caption_chars)] * captions_per_group, n)
     input_tokens = groups * estimate_tokens(chat_payload(params, req))
     output_tokens = groups * n * CAPTION_REPLY_TOKENS
     factor = params.llm.batch_price_factor if params.llm.batch_api else 1.0
@@ -125,7 +127,7 @@ def estimate_full_coco(params: Params, images: int = COCO_TRAIN_IMAGES, captions
                        caption_chars: int = COCO_CAPTION_CHARS, l1_nodes: int = PAPER_L1_NODES) -> list[dict[str, Any]]:
     """Rows of the cost estimate of the paper's full run (COCO train2017, l_max levels + LLM_gen per image, or per
     l1 node with magic.generalize: group), live and with the Batch API, at the prices in params."""
-    caps = [[_filler(caption_chars)] * captions_per_image]
+    caps = [[stand_in_text(caption_chars)] * captions_per_image]
     rows = []
     for batch in (False, True):
         p = params.model_copy(update={"llm": params.llm.model_copy(update={"batch_api": batch})})
