@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import torch
+from prepared_runs import train_one_prepared
 from safetensors.torch import load_file
 from test_train_text_projection import RE_OPTIONS, make_run
 
-from cglib.train import train_one
 from cglib.train.checkpoint import FINAL
 
 # clip on the original captions embeds most of the RE run's texts first, in its own text table
@@ -29,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_train_isolation import RUNS, weights_sha256
 from test_train_text_projection import make_run
-from cglib.train import train_one
+from prepared_runs import train_one_prepared
 run = make_run(Path({directory!r}), RUNS)
-train_one(run, "hierarcaps", progress=False)
+train_one_prepared(run, "hierarcaps", progress=False)
 print(weights_sha256(run.dir, "hierarcaps"))
 """
 
@@ -47,8 +47,8 @@ def weights_sha256(run_dir: Path, name: str) -> str:
 
 def test_re_weights_do_not_depend_on_the_run_trained_before(tmp_path):
     after = make_run(tmp_path / "after", RUNS)
-    train_one(after, "clip", progress=False)
-    train_one(after, "hierarcaps", progress=False)
+    train_one_prepared(after, "clip", progress=False)
+    train_one_prepared(after, "hierarcaps", progress=False)
     script = ALONE.format(tests=str(Path(__file__).parent), directory=str(tmp_path / "alone"))
     alone = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert alone.stdout.split()[-1] == weights_sha256(after.dir, "hierarcaps")
