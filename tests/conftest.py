@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +28,34 @@ def hierarcaps_data(folder: Path) -> dict:
     return {"data": {"coco_captions": str(folder / "coco_captions_hc1k.json"), "coco_images": str(folder / "test_imgs"),
                      "hierarcaps_csv": str(folder / "hierarcaps_test.csv"),
                      "hierarcaps_images": str(folder / "test_imgs")}}
+
+
+# torch's thread count before any test changed it: all cores, or what the caller's OMP_NUM_THREADS asks
+TORCH_THREADS = torch.get_num_threads()
+OMP_NUM_THREADS_AT_START = os.environ.get("OMP_NUM_THREADS")
+
+
+@contextmanager
+def process_settings_restored() -> Iterator[None]:
+    """Give back this process's environment and torch's thread count as they were before any test.
+
+    A test that starts a run in the pytest process with run.threads: 1 (cglib.run.set_threads) sets
+    OMP_NUM_THREADS=1 and torch's thread count for the rest of the process. Every later test inherits them, and so
+    does every kernel it starts: the notebooks of a later series then train on one core of two (the rehearsal's
+    notebook 05 took 132 s in the suite against 88 s alone)."""
+    environ = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(TORCH_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _process_settings_per_test() -> Iterator[None]:
+    with process_settings_restored():
+        yield
 
 
 @pytest.fixture(scope="session")

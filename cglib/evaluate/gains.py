@@ -52,7 +52,8 @@ class ModelRole:
     init: str | None = None
     exposed: bool = False
     zoo: bool = False
-    related: bool = False  # trained with a related method (issue #21): a row everywhere, in no gain set
+    # trained with a related method (book/stages/06_related_methods.md): a row everywhere, in no gain set
+    related: bool = False
     family: str = "none"  # the objective's family (Objective.family): clip, group, text; none for the base
 
     @property

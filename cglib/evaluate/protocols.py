@@ -1,5 +1,5 @@
-"""What the evaluation corrections change: Table 3 corrected minus Table 3 as published (issue #32 item 3, the
-evaluation side), per column, with a paired CI, on the same models.
+"""What the evaluation corrections change: Table 3 corrected minus Table 3 as published (the
+evaluation side of book/fidelity.md's corrections), per column, with a paired CI, on the same models.
 
 The two protocols score different items (the corrected one redraws or excludes identical-text negatives, draws
 distinct groups and random items), so they are paired by test image: each image's mean correctness under each

@@ -1,5 +1,5 @@
-"""What the training corrections change (issue #32 item 3, the training side): Table 3 of the same world trained
-as published and trained corrected, cell by cell, with paired CIs.
+"""What the training corrections change (the training side of book/fidelity.md's corrections): Table 3 of the same
+world trained as published and trained corrected, cell by cell, with paired CIs.
 
 The evaluation corrections cost no training, so every run scores both evaluation protocols (`protocols.py`). The
 training-side ones (optimizer, epoch, pretraining, the CLIP baseline's temperature, the group losses' variants,

@@ -114,8 +114,8 @@ NGRAM_GROUPS = "n-gram concept groups (C3)"
 
 
 def related_methods(entry: TrainRunParams) -> list[str]:
-    """The related methods (issue #21) a run trains with; empty for the paper's own rows (CLIP, pairwise, centroid,
-    RE). Such runs are rows of every table but enter none of the paper's gain rows."""
+    """The related methods (book/stages/06_related_methods.md) a run trains with; empty for the paper's own rows
+    (CLIP, pairwise, centroid, RE). Such runs are rows of every table but enter none of the paper's gain rows."""
     objective = entry.objective()
     # your own objective (loss: package.module:Class) is a row of every table, like a related method, never one
     # of the paper's gain sets
