@@ -8,7 +8,7 @@ search (with the small-search single-thread rule) vs a numpy matmul + argsort.
 
 from __future__ import annotations
 
-import time
+import timeit
 
 import numpy as np
 
@@ -17,12 +17,8 @@ from cglib.evaluate.retrieval import search
 
 
 def timed(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    """The best of `repeat` single calls."""
+    return min(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 def loop_bootstrap(values: np.ndarray, resamples: int, seed: int) -> tuple[float, float]:

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
+import timeit
 
 UMAP_CHILD = r"""
 import json, os, sys, time, warnings
@@ -58,16 +58,8 @@ def bench_attention() -> None:
     encode_images(bundle, pixels[:4])  # warm-up
     extract_attention(bundle, pixels[:4])
 
-    def timed(fn) -> float:
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - start)
-        return best
-
-    base = timed(lambda: encode_images(bundle, pixels))
-    extract = timed(lambda: extract_attention(bundle, pixels))
+    base = min(timeit.repeat(lambda: encode_images(bundle, pixels), number=1, repeat=3))
+    extract = min(timeit.repeat(lambda: extract_attention(bundle, pixels), number=1, repeat=3))
     print(f"demo ViT, 64 images: encode_images {base:.3f} s, extract_attention {extract:.3f} s "
           f"(ratio {extract / base:.2f}x)")
 

@@ -30,25 +30,31 @@ def hierarcaps_data(folder: Path) -> dict:
                      "hierarcaps_images": str(folder / "test_imgs")}}
 
 
-# torch's thread count before any test changed it: all cores, or what the caller's OMP_NUM_THREADS asks
+# torch's thread count and the thread variables before any test changed them: all cores, or what the caller asks
 TORCH_THREADS = torch.get_num_threads()
-OMP_NUM_THREADS_AT_START = os.environ.get("OMP_NUM_THREADS")
+THREAD_VARIABLES_AT_START = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 @contextmanager
 def process_settings_restored() -> Iterator[None]:
-    """Give back this process's environment and torch's thread count as they were before any test.
+    """Give back this process's environment as it was on entry, and its threads as they were before any test.
 
-    A test that starts a run in the pytest process with run.threads: 1 (cglib.run.set_threads) sets
+    A test or fixture that starts a run in the pytest process with run.threads: 1 (cglib.run.set_threads) sets
     OMP_NUM_THREADS=1 and torch's thread count for the rest of the process. Every later test inherits them, and so
     does every kernel it starts: the notebooks of a later series then train on one core of two (the rehearsal's
-    notebook 05 took 132 s in the suite against 88 s alone)."""
+    notebook 05 took 132 s in the suite against 88 s alone). The thread settings go back to the session's start,
+    not to the entry's: a module fixture set up before the test may have changed them already."""
     environ = dict(os.environ)
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(environ)
+        for name, value in THREAD_VARIABLES_AT_START.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         torch.set_num_threads(TORCH_THREADS)
 
 

@@ -361,6 +361,9 @@ def _failed_requests(driver) -> list[str]:
 
 def _load_report_page(driver, page: Path) -> dict:
     """Open a report page from disk; wait for its images to load and MathJax to finish; return its state."""
+    # leave the page before first: requests still in flight there (a JupyterLab page polls its server) fail when
+    # the browser leaves it, and must not be counted against this page
+    driver.get("about:blank")
     _drain_network_log(driver)
     driver.get(page.as_uri())
     return _wait(lambda: (s := driver.execute_script(REPORT_PAGE_STATE)) and not s["pending"]

@@ -106,14 +106,16 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes_to_the_same_weights(tmp_path):
     """A process training a tiny model gets SIGTERM mid-epoch: it saves a checkpoint and exits 143; resuming
-    ends with exactly the weights and log of an uninterrupted run."""
+    ends with exactly the weights and log of an uninterrupted run. Bit for bit across processes needs one thread
+    count in all of them: one here, in the child and in the resume."""
+    torch.set_num_threads(1)
     whole = make_run(tmp_path / "whole", epochs=2)
     train_one_prepared(whole, "clip", progress=False)
 
     marker = tmp_path / "reached"
     script = CHILD.format(tests=str(Path(__file__).parent), marker=str(marker), run_dir=str(tmp_path / "parts"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.monotonic() + 300
     while not marker.exists():
