@@ -21,13 +21,13 @@ from cglib.encoding import _run_text_tower, encode_images, pixels_to_tensor, tok
 from cglib.models import build_model
 from cglib.run import seed_everything
 
-
-def best_of_3(fn) -> float:
-    return min(timeit.repeat(fn, number=1, repeat=3))
-
-
 WORDS = ["a", "red", "cube", "on", "the", "wooden", "table", "near", "small", "blue", "sphere", "under", "bright",
          "light", "in", "park", "with", "two", "dogs", "and", "yellow", "ball", "beside", "green", "chair", "of"]
+
+
+def timed(fn, repeat: int = 3) -> float:
+    """The best of `repeat` single calls."""
+    return min(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 @torch.no_grad()
@@ -59,9 +59,9 @@ def main(n_texts: int = 1328, n_images: int = 206) -> None:
     pixels = rng.integers(0, 256, (n_images, 64, 64, 3), dtype=np.uint8)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {len(texts)} texts, {n_images} images")
 
-    old_t, new_t = best_of_3(lambda: earlier_texts(bundle, texts)), best_of_3(lambda: _run_text_tower(bundle, texts, False))
+    old_t, new_t = timed(lambda: earlier_texts(bundle, texts)), timed(lambda: _run_text_tower(bundle, texts, False))
     print(f"texts:  earlier {old_t:.2f} s, fixed shape {new_t:.2f} s, ratio {new_t / old_t:.2f}")
-    old_i, new_i = best_of_3(lambda: earlier_images(bundle, pixels)), best_of_3(lambda: encode_images(bundle, pixels))
+    old_i, new_i = timed(lambda: earlier_images(bundle, pixels)), timed(lambda: encode_images(bundle, pixels))
     print(f"images: earlier {old_i:.2f} s, fixed shape {new_i:.2f} s, ratio {new_i / old_i:.2f}")
 
     # the earlier way: each text's outputs in its own batch vs in the whole set (bitwise)
