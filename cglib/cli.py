@@ -12,6 +12,7 @@ model spec, not a run directory),
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def _run(args: argparse.Namespace) -> int:
         run_series,
         select_notebooks,
     )
+    from cglib.run import RETRAIN_CHANGED_ENV  # lazy: numpy; keeps cglib --help light
 
     params = load_params(args.params, check_paths=not args.no_check_paths)
     notebooks_dir = Path(args.notebooks) if args.notebooks else default_notebook_dir()
@@ -45,6 +47,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run_dir = Path(args.out) if args.out else params.run_dir()
+    if args.retrain_changed:  # the kernels inherit it: training reads it where it decides to reuse
+        os.environ[RETRAIN_CHANGED_ENV] = "1"
     print(f"Run '{params.run.name}' -> {run_dir} ({len(notebooks)} notebooks)")
     try:
         results = run_series(params, Path(args.params), run_dir, notebooks, kernel=args.kernel, available=available)
@@ -98,6 +102,8 @@ def _status(args: argparse.Namespace) -> int:
         cpu = f" {nb['cpu_s']:8.1f} s CPU" if nb.get("cpu_s") is not None else ""  # absent before it was recorded
         print(f"  {nb['name']:28s} {nb['status']:8s} {nb['duration_s']:8.1f} s{cpu}" +
               (f"  {nb['error']}" if nb.get("error") else ""))
+        for line in nb.get("raised") or []:  # cells allowed to raise (a student's exercise not yet done)
+            print(f"      raised: {line}")
     # read the stages now, not run.json's summary: a search or a `python -m cglib.train` after the run is shown too
     scope = manifest.get("scope") or {}
     resume = resume_command(manifest.get("params_file", "PARAMS"), run_dir, **scope)
@@ -173,12 +179,28 @@ def _student_version(args: argparse.Namespace) -> int:
 
     notebooks = Path(args.notebooks) if args.notebooks else default_notebook_dir()
     try:
-        with_exercises = write_student_version(notebooks, args.out)
+        with_exercises = write_student_version(notebooks, args.out, args.params, args.run_dir)
     except (SolutionMarkerError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Student version in {args.out}: solutions replaced by stubs in "
           f"{', '.join(p.name for p in with_exercises) or 'no notebook (none has exercises)'}")
+    print(f"Open them in JupyterLab, or run them headless: cglib run {args.params or 'PARAMS'} --notebooks "
+          f"{args.out}" + (f" --out {args.run_dir}" if args.run_dir else ""))
+    return 0
+
+
+def _link_run(args: argparse.Namespace) -> int:
+    from cglib.run import link_run  # lazy: numpy; keeps cglib --help light
+
+    try:
+        record = link_run(args.shared_run, args.dest)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.dest}: a run folder over {record['shared']} ({record['linked_now']} files linked now, "
+          f"{record['own_files_kept']} of its own kept). Open its notebooks with run_dir = {str(args.dest)!r}; "
+          "what they write stays in it.")
     return 0
 
 
@@ -197,10 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="start", help="start at this notebook number, e.g. 03")
     p.add_argument("--out", help="run directory (default: <run.output_dir>/<run.name>)")
     p.add_argument("--kernel", default="cglib", help="Jupyter kernel name (registered for this Python if missing)")
-    p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
+    p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/, the solution "
+                   "version); a student's folder from `cglib student-version` runs their own notebooks")
     p.add_argument("--no-check-paths", action="store_true")
     p.add_argument("--strict", action="store_true",
                    help="exit 3 when any item was skipped or failed in any stage (see the summary printed at the end)")
+    p.add_argument("--retrain-changed", action="store_true",
+                   help="train again the runs (and bases) that other library code trained; by default they are "
+                   "reused, and each is named on the terminal with the commit that trained it")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("status", help="a run's status (ok, failed, running, or interrupted when its runner is "
@@ -289,11 +315,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_synthetic_coco)
 
     p = sub.add_parser("student-version", help="the notebooks with every exercise's solution replaced by a stub "
-                       "(code raises NotImplementedError, answers read YOUR ANSWER HERE), for students")
+                       "(code raises NotImplementedError, answers read YOUR ANSWER HERE), for students; `cglib run "
+                       "PARAMS --notebooks OUT` runs them headless (an exercise not yet done raises, the run goes on)")
     p.add_argument("--out", default="outputs/student", help="folder for the student notebooks (default: "
                    "outputs/student)")
     p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
+    p.add_argument("--params", help="the params file the notebooks' parameters cells name (default: as in the "
+                   "notebooks, ../params/demo.yaml)")
+    p.add_argument("--run-dir", help="the run folder the notebooks' parameters cells name, e.g. a folder made by "
+                   "`cglib link-run` over the class's run (default: the params' outputs/<run.name>)")
     p.set_defaults(func=_student_version)
+
+    p = sub.add_parser("link-run", help="a run folder of your own over a finished (e.g. a class's read-only) run: "
+                       "its files linked, what your notebooks write kept in your folder")
+    p.add_argument("shared_run", help="the finished run folder to read (never changed)")
+    p.add_argument("dest", help="your run folder (made, or updated with what the shared run has gained)")
+    p.set_defaults(func=_link_run)
 
     p = sub.add_parser("params", help="print every params key with its type, default and meaning (markdown)")
     p.set_defaults(func=_params_table)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import nbformat
+
 from cglib.accounts import losses, stage_summaries
 from cglib.config import Params
 from cglib.frontend import HEADLESS_ENV
@@ -42,6 +44,7 @@ from cglib.llm.base import redact
 from cglib.run import REPO_ROOT, provenance, runner_identity, save_params, write_json
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
+ALLOWED_TO_RAISE = "raises-exception"  # Jupyter's cell tag: the notebook goes on past the cell's error
 DEFAULT_KERNEL = "cglib"
 
 
@@ -61,11 +64,24 @@ class NotebookResult:
     output: str | None = None
     error: str | None = None
     cpu_s: float | None = None  # user + system CPU of the runner and the notebook's kernel
+    raised: list[str] | None = None  # cells allowed to raise that did (a student's exercise not yet done)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "duration_s": round(self.duration_s, 2),
                 "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 2),
-                "output": self.output, "error": self.error}
+                "output": self.output, "error": self.error, "raised": self.raised or []}
+
+
+def raised_cells(executed: Path) -> list[str]:
+    """The cells of an executed notebook that raised and were allowed to (tagged `raises-exception`, as the student
+    version tags its exercises): "cell N: Name: value" each, secrets redacted."""
+    notebook = nbformat.read(executed, as_version=4)
+    out = []
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if output.output_type == "error":
+                out.append(redact(f"cell {index}: {output.ename}: {output.evalue}"[:200]))
+    return out
 
 
 def cpu_seconds() -> float:
@@ -272,7 +288,26 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict, kernel: str
                                  f"so the kernel was interrupted; a hang (e.g. a widget waiting for a front end) or "
                                  f"a long silent computation: if the cell is just slow, raise run.cell_silence_s "
                                  f"(0 = off)") from exc
-            raise
+            if not _only_allowed_errors(exc, output):
+                raise
+
+
+def _only_allowed_errors(exc: Exception, output: Path) -> bool:
+    """Whether the notebook ran to its end and raised only in cells tagged `raises-exception` (the student
+    version's exercises). nbclient runs past such a cell, but papermill then raises on any error output; in that
+    case its error banners are removed from the executed notebook and the run goes on (`raised_cells` lists them)."""
+    from papermill.exceptions import PapermillExecutionError
+    from papermill.execute import remove_error_markers
+
+    if not isinstance(exc, PapermillExecutionError) or not output.is_file():
+        return False
+    notebook = remove_error_markers(nbformat.read(output, as_version=4))
+    failed = [c for c in notebook.cells if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)]
+    if not failed or any(ALLOWED_TO_RAISE not in c.metadata.get("tags", []) for c in failed):
+        return False
+    notebook.metadata.get("papermill", {}).pop("exception", None)
+    nbformat.write(notebook, output)
+    return True
 
 
 def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list[Path],
@@ -328,8 +363,10 @@ def _run_each(notebooks: list[Path], executed_dir: Path, params: Params, params_
             save("failed")
             raise NotebookFailed(f"{notebook.name} failed at {summary}\n  executed notebook: {output}") from None
         results.append(NotebookResult(notebook.name, "ok", time.perf_counter() - t0, str(output),
-                                      cpu_s=cpu_seconds() - cpu0))
+                                      cpu_s=cpu_seconds() - cpu0, raised=raised_cells(output)))
         log(f"    done in {results[-1].duration_s:.1f} s ({results[-1].cpu_s:.1f} s CPU)")
+        for line in results[-1].raised or []:
+            log(f"    raised (the cell may, so the notebook went on): {line}")
         save("running")
 
 

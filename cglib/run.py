@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from cglib.code_identity import library_digest
 from cglib.config import Params, load_params
 from cglib.frontend import text_bars_if_headless
 
@@ -198,6 +200,7 @@ def provenance(params: Params | None = None, **extra: Any) -> dict[str, Any]:
     block: dict[str, Any] = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
+        "cglib_source": library_digest(),  # the library's own code, also where it is installed without git
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": package_versions(),
@@ -206,6 +209,53 @@ def provenance(params: Params | None = None, **extra: Any) -> dict[str, Any]:
         block["params"] = params.model_dump(mode="json")
     block.update(extra)
     return block
+
+
+RETRAIN_CHANGED_ENV = "CGLIB_RETRAIN_CHANGED"  # `--retrain-changed` of cglib run / python -m cglib.train sets it
+
+
+def retrain_changed() -> bool:
+    """Whether results made by other library code are to be made again rather than reused (`--retrain-changed`)."""
+    return os.environ.get(RETRAIN_CHANGED_ENV, "") not in ("", "0")
+
+
+def other_code(recorded: dict[str, Any] | None) -> str | None:
+    """None when a result's provenance (`provenance()`) shows it was made by this library code; otherwise that code
+    named by its commit ("cglib 1d39b0e2f0aa", "with uncommitted changes" for a dirty tree) and time. The library
+    is identified by its source digest; a result older than that record counts as this code's only when its
+    commit is this clean checkout's."""
+    recorded = recorded or {}
+    commit = recorded.get("git_commit")
+    if recorded.get("cglib_source") is not None:
+        if recorded["cglib_source"] == library_digest():
+            return None
+    elif commit and not commit.endswith("-dirty") and commit == git_commit():
+        return None
+    name = "cglib " + (commit.removesuffix("-dirty")[:12] + (" with uncommitted changes" if commit.endswith("-dirty")
+                                                             else "") if commit else "of an unknown commit")
+    return name + (f" ({recorded['created']})" if recorded.get("created") else "")
+
+
+def output_path(path: str | Path) -> Path:
+    """`path`, ready to be written: a link there (a folder made by `link_run` links the shared run's files) is
+    removed first, so the write makes a file of this folder's own and never writes into the shared run."""
+    path = Path(path)
+    if path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def own_copy(path: str | Path) -> Path:
+    """`path`, ready to be updated in place (appended to, a database): a link there is replaced by a copy of the
+    file it links to, so the update changes this folder's copy and never the shared run's file."""
+    path = Path(path)
+    if path.is_symlink():
+        target = path.resolve()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.copy")
+        shutil.copyfile(target, tmp)
+        tmp.replace(path)
+    return path
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
@@ -276,3 +326,44 @@ def runner_gone(runner: dict) -> bool:
     recorded, current = runner.get("process_start"), _process_start(pid)
     reused = recorded is not None and current is not None and recorded != current
     return not _pid_alive(pid) or reused
+
+
+# ----------------------------------------------------------------------------------------- a folder over a shared run
+LINKED_RECORD = "linked_run.json"
+# what stays the shared run's own: its executed notebooks (the solution version, with outputs), its pages, its
+# manifest and its trial of notebook 09; a linked folder makes its own
+NOT_LINKED = frozenset({"notebooks", "report", "book", "run.json", "own_objective", LINKED_RECORD})
+
+
+def link_run(shared: str | Path, dest: str | Path) -> dict[str, Any]:
+    """Make `dest` a run folder of your own over the finished run `shared` (a class's run, which may be read-only):
+    every folder of `shared` is made in `dest` and every file is a symbolic link to the shared one, except NOT_LINKED.
+
+    Reading through a link costs no disk. Every library write goes to a temporary file that then replaces its
+    target (`write_text_atomic`), so a write replaces the link with a file of `dest` and the shared run's files are
+    never changed. Running it again links what the shared run has gained and keeps what `dest` wrote. Returns the
+    record saved as `dest/linked_run.json` (shared path, files linked now, files of dest's own kept)."""
+    shared, dest = Path(shared).resolve(), Path(dest)
+    if not (shared / "params.yaml").is_file():
+        raise FileNotFoundError(f"{shared} is not a run folder (no params.yaml); pass the folder `cglib run` wrote")
+    if dest.resolve() == shared or shared in dest.resolve().parents:
+        raise ValueError(f"{dest} is inside the shared run {shared}; choose a folder outside it")
+    linked = kept = 0
+    for root, folders, files in os.walk(shared):
+        relative = Path(root).relative_to(shared)
+        if relative == Path("."):
+            folders[:] = [f for f in folders if f not in NOT_LINKED]
+            files = [f for f in files if f not in NOT_LINKED]
+        (dest / relative).mkdir(parents=True, exist_ok=True)
+        for name in [f for f in folders if (Path(root) / f).is_symlink()] + files:  # a linked folder stays a link
+            target = dest / relative / name
+            if target.is_symlink() or target.exists():
+                kept += not target.is_symlink()
+                continue
+            target.symlink_to((Path(root) / name).resolve())
+            linked += 1
+        folders[:] = [f for f in folders if not (Path(root) / f).is_symlink()]
+    record = {"shared": str(shared), "linked_now": linked, "own_files_kept": kept,
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    write_json(dest / LINKED_RECORD, record)
+    return record

@@ -111,6 +111,43 @@ def classroom_run(tmp_path_factory) -> Path:
     return out
 
 
+def set_writable(root: Path, writable: bool) -> None:
+    """Give (True) or take (False) the write permission of every file and folder under `root` (links left)."""
+    import stat
+
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            mode = path.stat().st_mode
+            path.chmod(mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under `root` (links not followed): kind, size, modification time and content digest."""
+    import hashlib
+    import stat
+
+    out = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(info.st_mode) else ""
+        out[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), info.st_size, info.st_mtime_ns, digest)
+    return out
+
+
+@pytest.fixture(scope="session")
+def class_run(classroom_run, tmp_path_factory):
+    """A class's run as a teacher shares it: a copy of the classroom run (its report and book left out), every
+    file and folder read-only, and its snapshot taken now (students' tests link to it and check it afterwards;
+    as root the permissions do not stop a write, the snapshot does)."""
+    import shutil
+
+    shared = tmp_path_factory.mktemp("class") / "run"
+    shutil.copytree(classroom_run, shared, symlinks=True, ignore=shutil.ignore_patterns("report", "book"))
+    set_writable(shared, False)
+    yield shared, snapshot(shared)
+    set_writable(shared, True)  # so that pytest can remove it
+
+
 def demo_code_paths() -> dict:
     """What params/demo.yaml runs and params/classroom.yaml leaves out, as overrides for the classroom profile:
     every kind of Table 3 row (textual pretraining, the HierarCaps RE row, the row initialised from it), two

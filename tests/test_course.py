@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import snapshot
 from nbclient import NotebookClient
 
 from cglib.cli import main as cli_main
@@ -37,6 +38,7 @@ from cglib.course.student import (
     strip_solutions,
 )
 from cglib.magic.schema import node_id
+from cglib.run import link_run
 from cglib.viz.dual_effect import optimize_points
 
 REPO = Path(__file__).resolve().parent.parent
@@ -267,12 +269,12 @@ def test_student_version_refuses_to_overwrite_the_solutions(capsys):
 
 
 @pytest.fixture(scope="module")
-def run_copy(classroom_run, tmp_path_factory) -> Path:
-    """A copy of the classroom run, so that the student notebooks rewriting their stage's files (03 rewrites magic/)
-    leave the session's run untouched."""
-    copy = tmp_path_factory.mktemp("course") / "run"
-    shutil.copytree(classroom_run, copy)
-    return copy
+def run_copy(class_run, tmp_path_factory) -> Path:
+    """A student's folder over the class's read-only run (`cglib link-run`): the student notebooks rewrite their
+    stage's files (03 rewrites magic/) in it, never in the class's run (checked after them)."""
+    linked = tmp_path_factory.mktemp("course") / "run"
+    link_run(class_run[0], linked)
+    return linked
 
 
 def with_parameters(notebook: nbformat.NotebookNode, run: Path) -> nbformat.NotebookNode:
@@ -296,6 +298,16 @@ def test_every_student_exercise_fails_with_the_stub_error(student_dir, run_copy,
     others = [c for c in notebook.cells if c.cell_type == "code" and c not in stubbed
               and any(o.output_type == "error" for o in c.outputs)]
     assert not others, f"cells without an exercise failed: {[c.source[:80] for c in others]}"
+
+
+@pytest.mark.slow
+def test_the_student_notebooks_left_the_class_run_unchanged(class_run, run_copy):
+    """After every student notebook ran in a folder linked to the class's read-only run: the class's run is the
+    same, entry by entry (content, size, modification time), and the student's folder holds what they wrote."""
+    shared, before = class_run
+    assert snapshot(shared) == before
+    own = {p.relative_to(run_copy).parts[0] for p in run_copy.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert {"figures", "magic", "own_objective"} <= own
 
 
 def test_every_notebook_has_exercises():

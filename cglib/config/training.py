@@ -222,7 +222,8 @@ class TrainParams(Section):
         "begin/end after the built-in checkpointing: each 'package.module:ClassName' of a subclass of "
         "cglib.train.callbacks.Callback (built with no arguments, one per run), importable where the run runs. A "
         "callback reads the training state and may ask to save a checkpoint or to stop (summary.json `stopped`). "
-        "Not part of a run's spec: a run it stopped is reused as it is until its spec changes.")
+        "Its code enters the spec of every run by its digest (an edited callback retrains), unless the class "
+        "declares changes_result = False (it only observes, and may not stop).")
     base: BaseTrainParams = Field(default_factory=BaseTrainParams, description="The pretrained base every run "
                                   "starts from (the zero-shot row).")
     text_trains: Literal["tower", "projection"] = Field(

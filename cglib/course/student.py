@@ -13,9 +13,14 @@ so `nbgrader generate_assignment` accepts them as they are.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import nbformat
+
+from cglib.pipeline import (
+    ALLOWED_TO_RAISE,  # Jupyter's tag for a cell that may raise: Run All goes on past it
+)
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
@@ -79,20 +84,51 @@ def has_solution(notebook: nbformat.NotebookNode) -> bool:
     return any(BEGIN_SOLUTION in cell.source for cell in notebook.cells)
 
 
+
+
 def student_notebook(notebook: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
-    """A copy of `notebook` with its solutions stubbed and its outputs cleared."""
+    """A copy of `notebook` with its solutions stubbed and its outputs cleared. Each stubbed code cell is tagged
+    `raises-exception`, so an exercise not yet done (or a check not yet passed) stops neither JupyterLab's Run All
+    nor `cglib run --notebooks`: the rest of the notebook still runs, and the run lists the cells that raised."""
     student = copy.deepcopy(notebook)
     for index, cell in enumerate(student.cells):
-        cell.source = strip_solutions(cell.source, cell.cell_type, where=f"{name}, cell {index}")
+        stubbed = strip_solutions(cell.source, cell.cell_type, where=f"{name}, cell {index}")
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+            if stubbed != cell.source:
+                tags = cell.metadata.setdefault("tags", [])
+                if ALLOWED_TO_RAISE not in tags:
+                    tags.append(ALLOWED_TO_RAISE)
+        cell.source = stubbed
     return student
 
 
-def write_student_version(notebooks: str | Path, out: str | Path) -> list[Path]:
+def with_run(notebook: nbformat.NotebookNode, params_path: str | None, run_dir: str | None) -> nbformat.NotebookNode:
+    """`notebook` with its parameters cell pointing at a params file and a run folder (those given): the run a
+    student's notebooks read (e.g. a folder made by `cglib link-run` over the class's run)."""
+    cell = next((c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])), None)
+    if cell is None:
+        return notebook
+    lines = cell.source.splitlines()
+    for key, value in (("params_path", params_path), ("run_dir", run_dir)):
+        if value is None:
+            continue
+        line = f"{key} = {str(value)!r}"
+        at = next((k for k, text in enumerate(lines) if text.split("=")[0].strip() == key), None)
+        if at is None:
+            lines.append(line)
+        else:
+            lines[at] = line
+    cell.source = "\n".join(lines)
+    return notebook
+
+
+def write_student_version(notebooks: str | Path, out: str | Path, params_path: str | None = None,
+                          run_dir: str | None = None) -> list[Path]:
     """Write the student version of every notebook of the folder `notebooks` into `out` (the same file names; a
-    notebook without exercises is copied with its outputs cleared, so the series stays whole). Returns the paths
-    of the notebooks that hold exercises."""
+    notebook without exercises is copied with its outputs cleared, so the series stays whole), their parameters
+    cells pointing at `params_path` and `run_dir` when given (`with_run`). Returns the paths of the notebooks that
+    hold exercises."""
     notebooks, out = Path(notebooks), Path(out)
     sources = sorted(notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not sources:
@@ -100,10 +136,14 @@ def write_student_version(notebooks: str | Path, out: str | Path) -> list[Path]:
     if out.resolve() == notebooks.resolve():
         raise ValueError(f"the student version would overwrite the solutions in {notebooks}; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    # relative to the notebooks' folder, where a kernel (JupyterLab, papermill) starts: the folders can move together
+    params_path, run_dir = (None if p is None else os.path.relpath(os.path.abspath(p), os.path.abspath(out))
+                            for p in (params_path, run_dir))
     with_exercises = []
     for source in sources:
         notebook = nbformat.read(source, as_version=4)
-        nbformat.write(student_notebook(notebook, name=source.name), out / source.name)
+        nbformat.write(with_run(student_notebook(notebook, name=source.name), params_path, run_dir),
+                       out / source.name)
         if has_solution(notebook):
             with_exercises.append(out / source.name)
     return with_exercises

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from cglib.run import output_path
+
 DATASET_FILE = "dataset.json"
 PIXELS_FILE = "images.npy"
 GROUND_TRUTH_FILE = "ground_truth.json"
@@ -118,8 +120,8 @@ class CaptionDataset:
             "image_files": None if self.image_files is None else {k: str(v) for k, v in self.image_files.items()},
         }
         if self.pixels is not None:
-            np.save(directory / PIXELS_FILE, self.pixels)
-        (directory / DATASET_FILE).write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+            np.save(output_path(directory / PIXELS_FILE), self.pixels)
+        output_path(directory / DATASET_FILE).write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
         return directory / DATASET_FILE
 
     @classmethod
@@ -143,7 +145,7 @@ class CaptionDataset:
 
 def save_ground_truth(directory: str | Path, chains: dict[str, list[str]]) -> Path:
     """Write the ground-truth concept chain (l1..l_max names) of every image."""
-    path = Path(directory) / GROUND_TRUTH_FILE
+    path = output_path(Path(directory) / GROUND_TRUTH_FILE)
     path.write_text(json.dumps({"format_version": FORMAT_VERSION, "chains": chains}, ensure_ascii=False),
                     encoding="utf-8")
     return path

@@ -3,10 +3,11 @@
 `evaluation/embeddings/<model>.<domain>.npz` holds one model's embeddings of one item set (domain `magic`: the
 test split; `hierarcaps`: the HierarCaps images and texts). Each half is keyed by a content hash:
 
-    image key = hash(image-tower weights, preprocessing, image ids, pixel-source fingerprint)
-    text key  = hash(text-tower weights, the sorted strings)
+    image key = hash(library code, image-tower weights, preprocessing, image ids, pixel-source fingerprint)
+    text key  = hash(library code, text-tower weights, the sorted strings)
 
-so retrained weights, a changed test split or new strings recompute, and nothing else does. The weights are
+so retrained weights, a changed test split, new strings or other library code (`library_digest`: the encoding
+and model code are part of it) recompute, and nothing else does. The weights are
 hashed as loaded (the model's state dict), which covers the zero-shot model that has no weights file. Models
 sharing a frozen text tower (the demo's MiniLM) share text embeddings: a text key found in another model's
 file is reused.
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cglib.code_identity import library_digest
 from cglib.encoding import encode_images, encode_texts
 from cglib.models import ClipModel
 
@@ -102,7 +104,8 @@ def file_fingerprints(path: Path, preprocessing: str) -> tuple[str, str]:
 
 
 def _hash_strings(prefix: str, strings: list[str]) -> str:
-    digest = hashlib.sha1(f"v{CACHE_VERSION}|{prefix}|".encode())
+    # the library's code is part of every key: embeddings computed by other code are computed again
+    digest = hashlib.sha1(f"v{CACHE_VERSION}|{library_digest()}|{prefix}|".encode())
     digest.update("\0".join(strings).encode("utf-8"))
     return digest.hexdigest()
 

@@ -20,7 +20,7 @@ from cglib.evaluate.protocols import CHANGE_COLUMNS, protocol_changes_markdown
 from cglib.evaluate.reading import read_results
 from cglib.evaluate.report import METRIC_COLUMNS, SEED_COLUMNS, metric_table
 from cglib.evaluate.table3 import table3_markdown, table3_notes, table3_protocols, zero_shot_section
-from cglib.run import RunContext, provenance, write_json
+from cglib.run import RunContext, output_path, provenance, write_json
 
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.csv"
@@ -88,6 +88,7 @@ def write_results(out_dir: Path, run: RunContext, metrics: pd.DataFrame, differe
              "table3_published_csv": out_dir / PUBLISHED_CSV, "table3_published_md": out_dir / PUBLISHED_MD,
              "protocol_changes": out_dir / CHANGES_CSV,
              "gains": out_dir / GAINS_FILE, "scores": out_dir / SCORES_FILE, "results": out_dir / RESULTS_FILE}
+    paths = {key: output_path(path) for key, path in paths.items()}  # a linked run's files become this run's own
     metrics.to_csv(paths["metrics"], index=False)
     seeds_table.to_csv(paths["seeds"], index=False)
     differences.to_csv(paths["differences"], index=False)

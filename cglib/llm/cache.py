@@ -26,6 +26,7 @@ from typing import Any, Self
 
 from cglib.llm.base import Outcome
 from cglib.llm.salvage import salvage_rows
+from cglib.run import own_copy
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -126,7 +127,7 @@ class ResultCache:
 
 def _open(path: Path) -> sqlite3.Connection:
     """Connect, set WAL, create the table, and check the file is a sound cache (DatabaseError otherwise)."""
-    conn = sqlite3.connect(path, timeout=30.0)
+    conn = sqlite3.connect(own_copy(path), timeout=30.0)  # a linked run's cache: answers copied, then its own
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")

@@ -44,7 +44,7 @@ from cglib.llm.cost import (
 )
 from cglib.llm.offline_backend import OfflineBackend, OracleBackend
 from cglib.llm.openai_backend import OpenAIBackend
-from cglib.run import provenance, write_json
+from cglib.run import own_copy, provenance, write_json
 
 CHAINS_FILE = "chains.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -347,7 +347,7 @@ def _record_attempt(out_dir: Path, summary: dict[str, Any], attempt: dict[str, A
                    account=summary["account"])
     summary["attempt"] = {k: attempt[k] for k in ("started", "ended", "chains_written")}
     write_json(out_dir / SUMMARY_FILE, summary)
-    with (out_dir / ATTEMPTS_FILE).open("a", encoding="utf-8") as fh:
+    with own_copy(out_dir / ATTEMPTS_FILE).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(attempt, ensure_ascii=False) + "\n")
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -47,3 +48,9 @@ def load_magic(path: str | Path) -> MagicFile:
                          "rebuild it with notebook 03_magic_dag") from None
     check_invariants(magic)
     return magic
+
+
+def content_digest(magic: MagicFile) -> str:
+    """Hash of a MAGIC file's content without its provenance and statistics, which hold the build's timing and
+    cache counts: a rebuild of the same DAG (notebook 03 run again) hashes the same."""
+    return hashlib.sha1(magic.model_dump_json(exclude={"provenance", "stats"}).encode()).hexdigest()[:16]

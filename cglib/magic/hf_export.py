@@ -31,6 +31,7 @@ from cglib.data.dataset import CaptionDataset, load_ground_truth
 from cglib.magic.files import load_magic
 from cglib.magic.schema import MagicFile
 from cglib.magic.stats import table1
+from cglib.run import output_path
 
 EXPORT_FORMAT_VERSION = 1
 CARD_FILE = "README.md"
@@ -293,12 +294,12 @@ def export_magic(run_dir: str | Path, dest: str | Path) -> Path:
     _write_table(nodes, NODE_SCHEMA, dest / NODES_FILE)
     _write_table([m.model_dump() for m in magic.merges], MERGE_SCHEMA, dest / MERGES_FILE)
     _write_table([r.model_dump() for r in magic.removals], REMOVAL_SCHEMA, dest / REMOVALS_FILE)
-    (dest / STATS_FILE).write_text(json.dumps({"stats": magic.stats, "provenance": magic.provenance}, indent=1,
+    output_path(dest / STATS_FILE).write_text(json.dumps({"stats": magic.stats, "provenance": magic.provenance}, indent=1,
                                               ensure_ascii=False, default=str), encoding="utf-8")
     counts = {**{s: len(rows[s]) for s in SPLITS}, "nodes": len(nodes), "merges": len(magic.merges),
               "removals": len(magic.removals)}
     meta = card_metadata(magic, source, world, counts)
-    card = dest / CARD_FILE
+    card = output_path(dest / CARD_FILE)
     card.write_text(card_text(meta, magic), encoding="utf-8")
     return card
 

@@ -50,7 +50,7 @@ import pandas as pd
 
 from cglib.config import Params
 from cglib.magic.embedders import Embedder, embed_names, make_embedder
-from cglib.magic.files import load_magic, save_magic
+from cglib.magic.files import content_digest, load_magic, save_magic
 from cglib.magic.invariants import check_invariants
 from cglib.magic.negatives import attach_negatives, negative_settings
 from cglib.magic.schema import SCHEMA_VERSION, ImageRecord, MagicFile, Node, node_id
@@ -255,13 +255,13 @@ def ngram_magic(magic: MagicFile, params: Params, embedder: Embedder | None = No
 
 
 def ngram_key(magic_path: Path, params: Params) -> str:
-    """What the n-gram file depends on: magic.json's bytes, the ngram section and the hard-negative settings."""
+    """What the n-gram file depends on: magic.json's content, the ngram section and the hard-negative settings."""
     m = params.magic
     settings = {"ngram": params.ngram.model_dump(mode="json"), "size_min": m.size_min, "embedder": m.embedder,
                 "embedder_model": m.embedder_model, "hard_negative_sim": m.hard_negative_sim,
                 "hard_negative_coverage": m.hard_negative_coverage, "min_hard_negatives": m.min_hard_negatives, "max_hard_negatives": m.max_hard_negatives,
                 "negative_search": m.negative_search}
-    digest = hashlib.sha1(Path(magic_path).read_bytes())
+    digest = hashlib.sha1(content_digest(load_magic(magic_path)).encode())
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -289,11 +289,6 @@ def build_ngram_groups(run, embedder: Embedder | None = None, force: bool = Fals
     logger.info("n-gram groups: %d l1 groups over %d levels, %d of %d train images covered", s["l1_groups"],
                 out.l_max, s["images_covered"], s["train_images"])
     return out
-
-
-def content_digest(magic: MagicFile) -> str:
-    """Hash of a MAGIC file's content without its provenance (a rebuild of the same groups hashes the same)."""
-    return hashlib.sha1(magic.model_dump_json(exclude={"provenance"}).encode()).hexdigest()[:16]
 
 
 def ngram_table(magic: MagicFile, level: int = 1, top: int | None = None):

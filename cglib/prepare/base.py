@@ -20,7 +20,7 @@ from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, build_image_cache, image_cache_dir
 from cglib.data.sources import synthetic_world
 from cglib.data.synthetic import leaked_concept_names
-from cglib.magic.files import load_magic
+from cglib.magic.files import content_digest, load_magic
 from cglib.run import RunContext, file_digest
 
 INITIAL = "initial.safetensors"  # training/initial.safetensors (+ initial.json): the weights every run starts from
@@ -75,9 +75,9 @@ def initial_spec(run: RunContext) -> dict[str, Any]:
                               "grad_clip": p.train.grad_clip, "amp": p.train.amp}
         if p.train.base.corpus == "synthetic":
             spec["world"] = {**p.data.synthetic.model_dump(mode="json"), "levels": p.magic.l_max}
-        else:  # the MAGIC-train images: a rebuilt magic.json or new captions make another base
-            spec["data"] = [file_digest(run.require(f, stage), "sha1") for f, stage in
-                            (("magic/magic.json", "03_magic_dag"), ("captions/dataset.json", "01_captions"))]
+        else:  # the MAGIC-train images: another DAG or new captions make another base (a rebuild of the same does not)
+            spec["data"] = [content_digest(load_magic(run.require("magic/magic.json", "03_magic_dag"))),
+                            file_digest(run.require("captions/dataset.json", "01_captions"), "sha1")]
     return spec
 
 

@@ -12,8 +12,8 @@ from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.data.permute import KeywordPermuter, permuter_for
 from cglib.distributed import DistInfo
 from cglib.hf_clip import image_size
-from cglib.magic.files import load_magic
-from cglib.magic.ngram import build_ngram_groups, content_digest, ngram_path
+from cglib.magic.files import content_digest, load_magic
+from cglib.magic.ngram import build_ngram_groups, ngram_path
 from cglib.magic.schema import MagicFile
 from cglib.models import CGLIB_CONFIGS, DEMO_VISION, TINY_VISION
 from cglib.prepare.re_items import REItems
@@ -27,7 +27,7 @@ class TrainInputs:
 
     magic: MagicFile
     cache: ImageCache
-    fingerprint: str  # hash of magic.json and the cache key: a checkpoint of other data is not resumed
+    fingerprint: str  # hash of the groups' content and the cache key: a checkpoint of other data is not resumed
     groups: str = "magic"  # which groups `magic` holds: the run's MAGIC, or its n-gram groups (magic/ngram.json)
     re_items: dict[str, REItems] = field(default_factory=dict)
     permuter: KeywordPermuter | None = None  # the captions' keyword relations, for objectives that permute keywords
@@ -84,7 +84,9 @@ def load_inputs(run: RunContext, image_size: int | None = None, progress: bool =
     dataset_dir = run.require("captions/dataset.json", "01_captions").parent
     magic = load_magic(magic_path)
     cache = magic_image_cache(run, magic.images, CaptionDataset.load(dataset_dir), image_size, progress, info)
-    digest = hashlib.sha1(magic_path.read_bytes())
+    # the DAG's content, not the file's bytes: a rebuild of the same MAGIC (its timing and cache counts differ)
+    # leaves every trained run valid
+    digest = hashlib.sha1(f"magic:{content_digest(magic)}".encode())
     if groups == "ngram":
         info = info or DistInfo()
         if info.is_main:

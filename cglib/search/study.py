@@ -39,6 +39,7 @@ import yaml
 from optuna.trial import TrialState
 
 from cglib import distributed
+from cglib.code_identity import library_digest
 from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import magic_image_cache
@@ -46,7 +47,7 @@ from cglib.magic.files import load_magic
 from cglib.prepare import TrainInputs, model_image_size
 from cglib.prepare.base import base_if_needed
 from cglib.prepare.inputs import keyword_permuter
-from cglib.run import RunContext, provenance, runner_identity, write_json
+from cglib.run import RunContext, git_commit, other_code, output_path, provenance, runner_identity, write_json
 from cglib.search.storage import (
     open_storage,
     recover_dead_trials,
@@ -58,7 +59,7 @@ from cglib.search.storage import (
 from cglib.search.validation import ValidationScore, ValidationScorer, search_view
 from cglib.strict_yaml import load_yaml, read_text
 from cglib.train.callbacks import Callback, StateView, TrainControl
-from cglib.train.inputs import run_entry
+from cglib.train.inputs import code_digests, run_entry
 from cglib.train.loop import ensure_initial
 from cglib.train.trainer import Trainer
 
@@ -130,6 +131,35 @@ def open_study(params: Params, run_dir: Path) -> optuna.Study:
                                direction="maximize", sampler=sampler, pruner=pruner, load_if_exists=True)
 
 
+def study_code(params: Params) -> dict[str, Any]:
+    """The code a study's trials train and score with: the digests of the tuned run's own objective and callbacks
+    (cglib.train.inputs.code_digests; None where unreadable) and the library's (with its commit)."""
+    entry = run_entry(params, params.search_run())
+    return {"outside": {key: d.digest for key, d in code_digests(params, entry).items()},
+            "cglib_source": library_digest(), "git_commit": git_commit()}
+
+
+def check_study_code(study: optuna.Study, params: Params) -> None:
+    """Record the code of a new study's trials; on a study that holds trials, refuse to add trials of another
+    version of the tuned objective or callbacks (or of code whose source cannot be read): their scores would be
+    ranked with those of other code. Trials of other library code are kept and named on the terminal."""
+    current, recorded = study_code(params), study.user_attrs.get("code")
+    trials = len(study.get_trials(deepcopy=False))
+    outside = (recorded or {}).get("outside", {})  # a study of an older cglib recorded none: library code only
+    if trials and (outside != current["outside"] or None in current["outside"].values()):
+        why = ("was run with code whose source cannot be read" if None in current["outside"].values() else
+               "trained another version of the tuned run's objective or callbacks")
+        raise ValueError(f"study {study.study_name!r} holds {trials} trials and {why}; its scores are not this "
+                         f"code's. Start a new study (set search.study_name) or delete the old one's storage")
+    if not trials:
+        study.set_user_attr("code", current)
+        return
+    other = other_code(recorded)
+    if other is not None:
+        print(f"study {study.study_name!r}: its {trials} trials so far were run by {other}, whose library code "
+              "differs from this one's; their scores are kept (set search.study_name for a new study)")
+
+
 def suggest(trial: optuna.Trial, params: Params) -> dict[str, Any]:
     """The trial's values of the tuned train keys, drawn from search.space."""
     values: dict[str, Any] = {}
@@ -160,7 +190,7 @@ def trial_params(params: Params, values: dict[str, Any], name: str) -> Params:
 def _locked(folder: Path) -> Iterator[None]:
     """One process at a time prepares the shared workspace (several workers may start together)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as handle:
+    with open(output_path(folder / ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -296,6 +326,7 @@ def run_search(run: RunContext, trials: int | None = None, progress: bool = True
     params = run.params
     target = trials or params.search.trials
     study = open_study(params, run.dir)  # first: a storage that cannot open fails before any work
+    check_study_code(study, params)
     space = prepare_workspace(run, progress)
     objective = Objective(run, space, progress, target)
     waiting_for: list[int] = []
@@ -358,7 +389,7 @@ def write_best_params(run: RunContext, study: optuna.Study, path: Path) -> Path 
               "MAGIC test split was never read).\n# Written by `cglib search`; `cglib run` this file to train and "
               "report with these values.\n")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
+    output_path(path).write_text(header + yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
     return path
 
 

@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from cglib.config import load_params
 from cglib.distributed import init_distributed
 from cglib.prepare import prepare_inputs
-from cglib.run import RunContext, open_run, seed_everything, set_threads
+from cglib.run import RETRAIN_CHANGED_ENV, RunContext, open_run, seed_everything, set_threads
 from cglib.train.faults import Terminated
 from cglib.train.loop import train_all
 
@@ -34,7 +34,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="train.runs names (repeatable); default: every run")
     parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default outputs/<run.name>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (batch jobs)")
+    parser.add_argument("--retrain-changed", action="store_true",
+                        help="train again the runs (and bases) that other library code trained; by default they are "
+                        "reused and named on the terminal")
     args = parser.parse_args(argv)
+    if args.retrain_changed:  # read where reuse is decided; inherited by torchrun's children
+        os.environ[RETRAIN_CHANGED_ENV] = "1"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if int(os.environ.get("RANK", "0")) == 0:

@@ -17,7 +17,8 @@ the current ones and summary.json says who stopped it where), `control.save()` w
 completed step (last.pt) after this event. A callback never sees the trainer or the model.
 
 A params file names its own callbacks as `train.callbacks: [package.module:ClassName]`: subclasses of `Callback`
-built with no arguments, one per run, called after the built-in ones (`Checkpoints`).
+built with no arguments, one per run, called after the built-in ones (`Checkpoints`). Such a callback may stop a run,
+so its code is part of the run's identity (`Callback.changes_result`).
 
 Plain Python (no torch): params validation imports this module to check `train.callbacks`.
 """
@@ -91,7 +92,14 @@ class TrainControl:
 
 
 class Callback:
-    """Base class: override the events you need (all do nothing here)."""
+    """Base class: override the events you need (all do nothing here).
+
+    `changes_result`: whether the callback may change the run's weights (by `control.stop`). A params file's
+    callbacks that may enter the run's spec by their code's digest (cglib.train.inputs.code_digests), so an edited
+    callback retrains the runs it shaped. One that only observes (logs, plots) sets it False: it then leaves the
+    spec, and asking to stop raises."""
+
+    changes_result = True
 
     def on_train_begin(self, state: StateView, control: TrainControl) -> None:
         """Before the first step of this attempt."""
@@ -115,6 +123,8 @@ class Callback:
 class Checkpoints(Callback):
     """last.pt at every epoch end (the trainer then also keeps the epoch's weights with train.keep_epoch_weights,
     in the phases whose epochs are the run's: RE and image-text)."""
+
+    changes_result = False
 
     def on_epoch_end(self, state: StateView, control: TrainControl) -> None:
         control.save()

@@ -3,15 +3,19 @@ under torchrun, and what it was exposed to. The data they read is prepared below
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from cglib.code_identity import CodeDigest, class_digest
 from cglib.config import Params, TrainRunParams
 from cglib.prepare.inputs import TrainInputs, model_image_size
 from cglib.run import file_digest
+from cglib.train.callbacks import load_callback
 from cglib.train.released import released_file
 
 __all__ = [
     "TrainInputs",
+    "code_digests",
     "distributed_refusal",
     "exposure",
     "model_image_size",
@@ -77,10 +81,29 @@ def run_spec(params: Params, entry: TrainRunParams, training_seed: int = 0) -> d
     released = released_file(entry)
     if released is not None:  # the file appearing (or changing) replaces the trained row
         out["released_file"] = file_digest(released, "sha1") if released.is_file() else None
+    code = code_digests(params, entry)
+    if code:  # outside code that shapes the weights: an edit retrains, unreadable code never reuses
+        # an unreadable class's digest is new on every call: no finished run and no checkpoint ever matches it
+        out["code"] = {key: digest.spec_value() if digest.digest else
+                       {**digest.spec_value(), "sha1": f"unreadable-{uuid.uuid4().hex}"} for key, digest in code.items()}
     if training_seed:
         out["training_seed"] = training_seed
     if entry.init is not None:
         out["init"] = run_spec(params, run_entry(params, entry.init), training_seed)
+    return out
+
+
+def code_digests(params: Params, entry: TrainRunParams) -> dict[str, CodeDigest]:
+    """The code from outside the library that shapes run `entry`'s weights, by spec key: its objective when a
+    params file names it as package.module:ClassName (`loss`), and each train.callbacks entry that may stop
+    training (`callbacks[i]`; a callback with `changes_result = False` only observes and is left out)."""
+    out = {}
+    if ":" in entry.loss:
+        out["loss"] = class_digest(entry.loss, entry.objective())
+    for index, path in enumerate(params.train.callbacks):
+        callback = load_callback(path)
+        if callback.changes_result:
+            out[f"callbacks[{index}]"] = class_digest(path, callback)
     return out
 
 

@@ -79,11 +79,20 @@ from cglib.distributed import DistInfo
 from cglib.models import ClipModel, architecture_params, build_model
 from cglib.prepare import BaseCorpus, PreparedInputs, TrainInputs
 from cglib.prepare.base import initial_spec
-from cglib.run import RunContext, provenance, seed_everything, seed_label, training_dir, write_json
+from cglib.run import (
+    RunContext,
+    other_code,
+    provenance,
+    retrain_changed,
+    seed_everything,
+    seed_label,
+    training_dir,
+    write_json,
+)
 from cglib.train.base import train_base
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
-from cglib.train.inputs import model_image_size, run_entry, run_spec, torchrun_refusals
+from cglib.train.inputs import code_digests, model_image_size, run_entry, run_spec, torchrun_refusals
 from cglib.train.objectives import build_objective
 from cglib.train.runlog import LOG_COLUMNS
 from cglib.train.step import GroupTask, Stepper, set_trainable, wrap
@@ -135,7 +144,11 @@ def ensure_initial(run: RunContext, info: DistInfo | None = None, progress: bool
     want = initial_spec(run)
     current = None
     if meta_path.is_file() and path.is_file():
-        current = json.loads(meta_path.read_text(encoding="utf-8")).get("spec")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        current = meta.get("spec")
+        if current == want and not _reusable(f"the initial weights of training seed {run.training_seed}",
+                                             meta.get("provenance"), info, meta_path):
+            current = None
     if current != want and info.is_main:
         if run.params.train.base.corpus != "none" and base is None:
             raise ValueError(f"the initial weights of training seed {run.training_seed} must be trained on the base "
@@ -185,16 +198,41 @@ def train_one(run: RunContext, name: str, *, prepared: PreparedInputs, info: Dis
                                "the training process did not finish it (see its output above)")
         return done
     ensure_initial(run, info, progress, prepared.base)
-    if entry.init is not None:
+    if entry.init is not None:  # its final weights start this run: trained first when not yet (or not reusable)
         start = run_entry(run.params, entry.init)
-        if _finished(Trainer(run, start, prepared.for_entry(start), info, None, progress)) is None:
-            train_one(run, entry.init, prepared=prepared, info=info, progress=progress)  # its final weights start this run
+        done = _finished(Trainer(run, start, prepared.for_entry(start), info, None, progress))
+        if done is None or (retrain_changed() and other_code(done.get("provenance")) is not None):
+            train_one(run, entry.init, prepared=prepared, info=info, progress=progress)
     trainer = Trainer(run, entry, prepared.for_entry(entry), info, on_step, progress)  # its groups: MAGIC or n-grams
+    if info.is_main:
+        for digest in code_digests(run.params, entry).values():
+            if digest.digest is None:
+                print(digest.unreadable_note(name))
     done = _finished(trainer) if run.params.train.resume else None
-    if done is not None:
+    if done is not None and _reusable(f"run {name!r}", done.get("provenance"), info, trainer.out):
         logger.info("run %s is already trained with these params; reusing it", name)
         return done
     return trainer()
+
+
+_ANNOUNCED: set[tuple[str, str, bool]] = set()  # (base's path, other code, retrained) said in this process
+
+
+def _reusable(what: str, recorded: dict[str, Any] | None, info: DistInfo, where: Path) -> bool:
+    """Whether a finished result with this spec may be reused: always when this library code made it (its
+    provenance), else unless retraining such results was asked for (`--retrain-changed`); either way a result of
+    other code is named on the terminal, so a number never comes from other code unannounced."""
+    other = other_code(recorded)
+    if other is None:
+        return True
+    again = retrain_changed()
+    # the base is checked before every run of a training: said once per process; a run, on every reuse
+    if info.is_main and (where.name != "initial.json" or (str(where), other, again) not in _ANNOUNCED):
+        _ANNOUNCED.add((str(where), other, again))
+        print(f"{what}: trained by {other}, whose library code differs from this one's: training it again "
+              "(--retrain-changed)" if again else f"{what}: reused, trained by {other}, whose library code differs "
+              "from this one's (--retrain-changed trains it again with this code)")
+    return not again
 
 
 def _finished(trainer: Trainer) -> dict[str, Any] | None:

@@ -102,7 +102,12 @@ class Trainer:
     # ------------------------------------------------------------------------------------ callbacks
     def _event(self, name: str, *args: Any) -> None:
         for callback in self.callbacks:
+            stopping = self.control.should_training_stop
             getattr(callback, name)(self.view, self.control, *args)
+            if not callback.changes_result and self.control.should_training_stop and not stopping:
+                raise ValueError(f"callback {type(callback).__qualname__} asked to stop training but declares "
+                                 "changes_result = False (it only observes, so it is not part of the run's spec); "
+                                 "remove changes_result = False so that its code enters the run's spec")
 
     def _act(self, epoch_weights: bool = False) -> bool:
         """Do what the callbacks asked after an event: write the checkpoint (and, at an epoch end of a phase that

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 import cglib
 from cglib.figure_data import write_figure_data
+from cglib.run import output_path
 
 SUPPORTED_FORMATS = ("png", "pdf", "svg")
 # Every figure is drawn at most this wide, in inches: 1,260 px at the series' 150 dpi, inside a 1,300 px page, so
@@ -60,7 +61,7 @@ def save_figure(fig: Figure, directory: str | Path, stem: str, formats: Sequence
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
-        path = directory / f"{stem}.{fmt}"
+        path = output_path(directory / f"{stem}.{fmt}")
         fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", metadata={"Creator": f"cglib {cglib.__version__}"})
         paths.append(path)
     write_figure_data(fig, directory, stem)

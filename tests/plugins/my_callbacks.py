@@ -9,7 +9,9 @@ SEEN: list[tuple[str, str, int, int]] = []  # (event, phase, epoch, global_step)
 
 
 class RecordEvents(Callback):
-    """Records every event it sees in SEEN."""
+    """Records every event it sees in SEEN (it only observes: not part of a run's spec)."""
+
+    changes_result = False
 
     def _saw(self, event, state):
         SEEN.append((event, state.phase, state.epoch, state.global_step))
@@ -31,8 +33,9 @@ class RecordEvents(Callback):
 
 
 class StopAfterSteps(RecordEvents):
-    """Records its events and asks to stop after `steps` optimizer steps."""
+    """Records its events and asks to stop after `steps` optimizer steps (so its code is part of the run's spec)."""
 
+    changes_result = True
     steps = 3
 
     def on_step_end(self, state, control):
@@ -54,6 +57,21 @@ class WritesTheState(Callback):
 
     def on_step_end(self, state, control):
         state.global_step = 0
+
+
+class QuietObserver(Callback):
+    """Observes and changes nothing: declares it, so its code stays out of the run's spec."""
+
+    changes_result = False
+
+
+class ObserverThatStops(Callback):
+    """Declares it only observes, then asks to stop: refused."""
+
+    changes_result = False
+
+    def on_step_end(self, state, control):
+        control.stop("not mine to ask")
 
 
 class NotACallback:
