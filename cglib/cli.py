@@ -173,18 +173,22 @@ def _params_table(args: argparse.Namespace) -> int:
 def _student_version(args: argparse.Namespace) -> int:
     from cglib.course.student import (  # lazy: cglib.course loads torch
         SolutionMarkerError,
+        WouldOverwrite,
         write_student_version,
     )
     from cglib.pipeline import default_notebook_dir  # lazy: numpy; keeps cglib --help light
 
     notebooks = Path(args.notebooks) if args.notebooks else default_notebook_dir()
     try:
-        with_exercises = write_student_version(notebooks, args.out, args.params, args.run_dir)
-    except (SolutionMarkerError, FileNotFoundError, ValueError) as exc:
+        existing = "force" if args.force else "update" if args.update else "refuse"
+        with_exercises = write_student_version(notebooks, args.out, args.params, args.run_dir, existing)
+    except (SolutionMarkerError, FileNotFoundError, ValueError, WouldOverwrite) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Student version in {args.out}: solutions replaced by stubs in "
-          f"{', '.join(p.name for p in with_exercises) or 'no notebook (none has exercises)'}")
+          f"{', '.join(p.name for p in with_exercises) or 'no notebook written with exercises'}"
+          + (" (the notebooks already there were kept: --update)" if args.update else
+             " (each replaced notebook kept as NAME.ipynb.bak: --force)" if args.force else ""))
     print(f"Open them in JupyterLab, or run them headless: cglib run {args.params or 'PARAMS'} --notebooks "
           f"{args.out}" + (f" --out {args.run_dir}" if args.run_dir else ""))
     return 0
@@ -324,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "notebooks, ../params/demo.yaml)")
     p.add_argument("--run-dir", help="the run folder the notebooks' parameters cells name, e.g. a folder made by "
                    "`cglib link-run` over the class's run (default: the params' outputs/<run.name>)")
+    existing = p.add_mutually_exclusive_group()
+    existing.add_argument("--update", action="store_true", help="write only the notebooks absent from --out (by "
+                          "default a folder holding any of them is refused: they may hold a student's work)")
+    existing.add_argument("--force", action="store_true", help="replace the notebooks in --out, keeping each old "
+                          "one as NAME.ipynb.bak")
     p.set_defaults(func=_student_version)
 
     p = sub.add_parser("link-run", help="a run folder of your own over a finished (e.g. a class's read-only) run: "

@@ -123,18 +123,33 @@ def with_run(notebook: nbformat.NotebookNode, params_path: str | None, run_dir: 
     return notebook
 
 
+class WouldOverwrite(FileExistsError):
+    """The student version would replace notebooks already in its folder (a student's work)."""
+
+
 def write_student_version(notebooks: str | Path, out: str | Path, params_path: str | None = None,
-                          run_dir: str | None = None) -> list[Path]:
+                          run_dir: str | None = None, existing: str = "refuse") -> list[Path]:
     """Write the student version of every notebook of the folder `notebooks` into `out` (the same file names; a
     notebook without exercises is copied with its outputs cleared, so the series stays whole), their parameters
-    cells pointing at `params_path` and `run_dir` when given (`with_run`). Returns the paths of the notebooks that
-    hold exercises."""
+    cells pointing at `params_path` and `run_dir` when given (`with_run`). Returns the paths of the notebooks
+    written that hold exercises.
+
+    A notebook already in `out` may hold a student's work, so `existing` says what happens to it: "refuse" (the
+    default) writes nothing and raises WouldOverwrite naming them, "update" writes only the notebooks that are
+    absent, "force" replaces them, keeping each replaced one as NAME.ipynb.bak."""
+    if existing not in ("refuse", "update", "force"):
+        raise ValueError(f"existing must be refuse, update or force, got {existing!r}")
     notebooks, out = Path(notebooks), Path(out)
     sources = sorted(notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebooks}; pass the notebooks folder")
     if out.resolve() == notebooks.resolve():
         raise ValueError(f"the student version would overwrite the solutions in {notebooks}; choose another --out")
+    present = [source.name for source in sources if (out / source.name).exists()]
+    if present and existing == "refuse":
+        raise WouldOverwrite(f"{out} already holds {len(present)} of these notebooks ({', '.join(present)}), which "
+                             "may hold a student's work; nothing was written. --update writes only the absent "
+                             "notebooks, --force replaces them and keeps each old one as NAME.ipynb.bak")
     out.mkdir(parents=True, exist_ok=True)
     # relative to the notebooks' folder, where a kernel (JupyterLab, papermill) starts: the folders can move together
     params_path, run_dir = (None if p is None else os.path.relpath(os.path.abspath(p), os.path.abspath(out))
@@ -142,8 +157,12 @@ def write_student_version(notebooks: str | Path, out: str | Path, params_path: s
     with_exercises = []
     for source in sources:
         notebook = nbformat.read(source, as_version=4)
-        nbformat.write(with_run(student_notebook(notebook, name=source.name), params_path, run_dir),
-                       out / source.name)
+        target = out / source.name
+        if source.name in present:
+            if existing == "update":
+                continue
+            target.replace(target.with_name(target.name + ".bak"))
+        nbformat.write(with_run(student_notebook(notebook, name=source.name), params_path, run_dir), target)
         if has_solution(notebook):
-            with_exercises.append(out / source.name)
+            with_exercises.append(target)
     return with_exercises
