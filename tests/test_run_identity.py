@@ -210,7 +210,8 @@ def test_a_study_refuses_trials_of_an_edited_objective_and_names_other_library_c
     from test_search import make_search_run
 
     from cglib.config import load_params
-    from cglib.search.study import check_study_code, open_study
+    from cglib.search.study import open_study
+    from cglib.search.study_code import check_study_code
 
     plugin_dir = tmp_path / "mine"
     plugin_dir.mkdir()

@@ -39,7 +39,6 @@ import yaml
 from optuna.trial import TrialState
 
 from cglib import distributed
-from cglib.code_identity import library_digest
 from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import magic_image_cache
@@ -47,7 +46,7 @@ from cglib.magic.files import load_magic
 from cglib.prepare import TrainInputs, model_image_size
 from cglib.prepare.base import base_if_needed
 from cglib.prepare.inputs import keyword_permuter
-from cglib.run import RunContext, git_commit, other_code, output_path, provenance, runner_identity, write_json
+from cglib.run import RunContext, output_path, provenance, runner_identity, write_json
 from cglib.search.storage import (
     open_storage,
     recover_dead_trials,
@@ -56,10 +55,11 @@ from cglib.search.storage import (
     study_name,
     workspace,
 )
+from cglib.search.study_code import check_study_code
 from cglib.search.validation import ValidationScore, ValidationScorer, search_view
 from cglib.strict_yaml import load_yaml, read_text
 from cglib.train.callbacks import Callback, StateView, TrainControl
-from cglib.train.inputs import code_digests, run_entry
+from cglib.train.inputs import run_entry
 from cglib.train.loop import ensure_initial
 from cglib.train.trainer import Trainer
 
@@ -129,35 +129,6 @@ def open_study(params: Params, run_dir: Path) -> optuna.Study:
                                          n_warmup_steps=s.pruner_warmup_epochs)
     return optuna.create_study(storage=open_storage(params, run_dir), study_name=study_name(params),
                                direction="maximize", sampler=sampler, pruner=pruner, load_if_exists=True)
-
-
-def study_code(params: Params) -> dict[str, Any]:
-    """The code a study's trials train and score with: the digests of the tuned run's own objective and callbacks
-    (cglib.train.inputs.code_digests; None where unreadable) and the library's (with its commit)."""
-    entry = run_entry(params, params.search_run())
-    return {"outside": {key: d.digest for key, d in code_digests(params, entry).items()},
-            "cglib_source": library_digest(), "git_commit": git_commit()}
-
-
-def check_study_code(study: optuna.Study, params: Params) -> None:
-    """Record the code of a new study's trials; on a study that holds trials, refuse to add trials of another
-    version of the tuned objective or callbacks (or of code whose source cannot be read): their scores would be
-    ranked with those of other code. Trials of other library code are kept and named on the terminal."""
-    current, recorded = study_code(params), study.user_attrs.get("code")
-    trials = len(study.get_trials(deepcopy=False))
-    outside = (recorded or {}).get("outside", {})  # a study of an older cglib recorded none: library code only
-    if trials and (outside != current["outside"] or None in current["outside"].values()):
-        why = ("was run with code whose source cannot be read" if None in current["outside"].values() else
-               "trained another version of the tuned run's objective or callbacks")
-        raise ValueError(f"study {study.study_name!r} holds {trials} trials and {why}; its scores are not this "
-                         f"code's. Start a new study (set search.study_name) or delete the old one's storage")
-    if not trials:
-        study.set_user_attr("code", current)
-        return
-    other = other_code(recorded)
-    if other is not None:
-        print(f"study {study.study_name!r}: its {trials} trials so far were run by {other}, whose library code "
-              "differs from this one's; their scores are kept (set search.study_name for a new study)")
 
 
 def suggest(trial: optuna.Trial, params: Params) -> dict[str, Any]:
