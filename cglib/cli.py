@@ -3,7 +3,8 @@ or book, search hyper-parameters, download or write data.
 
 Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written; `book`: Sphinx missing;
 `evaluate-model`: the model could not be loaded; `search`: no trial completed), 2 bad input (params, arguments, a
-model spec, not a run directory),
+model spec, not a run directory, a run without executed notebooks for `report` or `book`, a folder holding a
+user's files that a command would replace),
 3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
 4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
 5 `status`: the run is still running.
@@ -173,12 +174,16 @@ def _student_version(args: argparse.Namespace) -> int:
 
     notebooks = Path(args.notebooks) if args.notebooks else default_notebook_dir()
     try:
-        with_exercises = write_student_version(notebooks, args.out)
-    except (SolutionMarkerError, FileNotFoundError, ValueError) as exc:
+        done = write_student_version(notebooks, args.out, force=args.force, update=args.update)
+    except (SolutionMarkerError, FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"Student version in {args.out}: solutions replaced by stubs in "
-          f"{', '.join(p.name for p in with_exercises) or 'no notebook (none has exercises)'}")
+    print(f"Student version in {args.out}: {len(done.written)} notebooks written; solutions replaced by stubs in "
+          f"{', '.join(p.name for p in done.with_exercises) or 'no notebook written now'}")
+    if done.left:
+        print(f"  left as they were: {', '.join(p.name for p in done.left)}")
+    for backup in done.backups:
+        print(f"  replaced, the earlier copy kept as {backup}")
     return 0
 
 
@@ -227,14 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="a run's executed notebooks as a static HTML report (index with Table 3, "
                        "Table 1 and Fig. 4, one page per notebook, figures embedded); exit 0 ok (missing pieces "
-                       "are listed on the index), 1 a page could not be written, 2 not a run directory")
+                       "are listed on the index), 1 a page could not be written, 2 not a run directory, no executed "
+                       "notebook, or an --out folder holding files an earlier report did not write")
     p.add_argument("run_dir")
     p.add_argument("--out", help="report folder (default: RUN_DIR/report); open its index.html")
     p.set_defaults(func=report_command)
 
     p = sub.add_parser("book", help="a run as a book: its executed notebooks, the guide and a glossary as a static "
                        "site with navigation and search, built offline; exit 0 built, 1 Sphinx or MyST-NB missing "
-                       "(install the book extra) or the guide's pages not found, 2 not a run directory")
+                       "(install the book extra) or the guide's pages not found, 2 not a run directory, no executed "
+                       "notebook, or an --out folder holding files an earlier book did not write")
     p.add_argument("run_dir")
     p.add_argument("--out", help="book folder (default: RUN_DIR/book); open its index.html")
     p.set_defaults(func=book_command)
@@ -289,10 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_synthetic_coco)
 
     p = sub.add_parser("student-version", help="the notebooks with every exercise's solution replaced by a stub "
-                       "(code raises NotImplementedError, answers read YOUR ANSWER HERE), for students")
+                       "(code raises NotImplementedError, answers read YOUR ANSWER HERE), for students; never replaces a notebook "
+                       "already in --out without --force (exit 2 naming them)")
     p.add_argument("--out", default="outputs/student", help="folder for the student notebooks (default: "
                    "outputs/student)")
     p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
+    p.add_argument("--force", action="store_true", help="replace notebooks already in --out that differ from the "
+                   "student version, keeping each as NAME.ipynb.bak (without --force or --update: exit 2, naming them)")
+    p.add_argument("--update", action="store_true", help="write only the notebooks absent from --out; leave the "
+                   "others as they are")
     p.set_defaults(func=_student_version)
 
     p = sub.add_parser("params", help="print every params key with its type, default and meaning (markdown)")

@@ -13,9 +13,12 @@ so `nbgrader generate_assignment` accepts them as they are.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+
+from cglib.user_files import UserFilesInTheWay, existing_targets, keep_backup, names
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
@@ -89,21 +92,57 @@ def student_notebook(notebook: nbformat.NotebookNode, name: str = "notebook") ->
     return student
 
 
-def write_student_version(notebooks: str | Path, out: str | Path) -> list[Path]:
+@dataclass
+class StudentVersion:
+    """What `write_student_version` did: the notebooks written, those it left as they were (present with `update`,
+    or already identical to the student version), the backups of those it replaced (`force`), and the written
+    notebooks that hold exercises."""
+
+    written: list[Path] = field(default_factory=list)
+    left: list[Path] = field(default_factory=list)
+    backups: list[Path] = field(default_factory=list)
+    with_exercises: list[Path] = field(default_factory=list)
+
+
+def write_student_version(notebooks: str | Path, out: str | Path, force: bool = False,
+                          update: bool = False) -> StudentVersion:
     """Write the student version of every notebook of the folder `notebooks` into `out` (the same file names; a
-    notebook without exercises is copied with its outputs cleared, so the series stays whole). Returns the paths
-    of the notebooks that hold exercises."""
+    notebook without exercises is copied with its outputs cleared, so the series stays whole).
+
+    A notebook already in `out` is a student's work: it is never replaced silently. By default the call refuses
+    (UserFilesInTheWay, naming the notebooks) before writing anything, unless each such notebook is exactly the
+    student version it would write; `update` writes only the notebooks absent from `out`; `force` replaces them,
+    each kept first as `NAME.ipynb.bak` (`.bak2`, ... when earlier backups exist)."""
+    if force and update:
+        raise ValueError("--force replaces the notebooks already in the folder and --update leaves them: choose one")
     notebooks, out = Path(notebooks), Path(out)
     sources = sorted(notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebooks}; pass the notebooks folder")
     if out.resolve() == notebooks.resolve():
         raise ValueError(f"the student version would overwrite the solutions in {notebooks}; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    with_exercises = []
+    versions = {}
     for source in sources:
         notebook = nbformat.read(source, as_version=4)
-        nbformat.write(student_notebook(notebook, name=source.name), out / source.name)
-        if has_solution(notebook):
-            with_exercises.append(out / source.name)
-    return with_exercises
+        text = nbformat.writes(student_notebook(notebook, name=source.name))
+        versions[out / source.name] = (text if text.endswith("\n") else text + "\n", has_solution(notebook))
+    existing = existing_targets(list(versions))
+    present = [path for path in existing if path.read_text(encoding="utf-8", errors="replace") != versions[path][0]]
+    if present and not (force or update):
+        raise UserFilesInTheWay(
+            f"{out} already holds {len(present)} of these notebooks, which differ from the student version "
+            f"({names(present)}): a student's work would be lost. Nothing was written. Pass --update to write only "
+            "the notebooks that are absent, or --force to replace them (each kept first as NAME.ipynb.bak)")
+    done = StudentVersion()
+    out.mkdir(parents=True, exist_ok=True)
+    for path, (text, exercises) in versions.items():
+        if path in existing and (update or path not in present):  # kept, or already this very notebook
+            done.left.append(path)
+            continue
+        if path in present:
+            done.backups.append(keep_backup(path))
+        path.write_text(text, encoding="utf-8")
+        done.written.append(path)
+        if exercises:
+            done.with_exercises.append(path)
+    return done
