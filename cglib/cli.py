@@ -19,7 +19,7 @@ from pathlib import Path
 from cglib.cli_models import evaluate_model_command, search_command
 from cglib.cli_outputs import book_command, compare_protocols_command, figures_command, report_command
 from cglib.config import ParamsError, load_params, schema_table
-from cglib.data.download import NAMED_DOWNLOADS, download_named
+from cglib.data.download import NAMED_DOWNLOADS, DownloadError, download_named, mirror_urls
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -133,7 +133,24 @@ def _export_magic(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    paths = download_named(args.name, Path(args.dest))
+    urls = {}
+    for pair in args.url or []:
+        source, sep, url = pair.partition("=")
+        if not sep or not source or not url:
+            print(f"error: --url {pair}: write SOURCE=URL (a source of {args.name}: "
+                  f"{', '.join(NAMED_DOWNLOADS[args.name].sources())})", file=sys.stderr)
+            return 2
+        urls[source] = url
+    try:
+        mirror_urls(args.name, urls)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        paths = download_named(args.name, Path(args.dest), urls=urls)
+    except (DownloadError, ValueError) as exc:  # a bad or failed download, said in one line (the file is deleted)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     for path in paths:
         print(path)
     return 0
@@ -278,10 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", help="the export folder (new or an earlier export)")
     p.set_defaults(func=_export_magic)
 
-    p = sub.add_parser("download", help="download public data (needs the internet): "
+    p = sub.add_parser("download", help="download public data (needs the internet or a mirror), each file verified "
+                       "(size, checksum, archive members) before it is moved into place; exit 0 ok, 1 a failed or "
+                       "bad download (deleted, said in one line), 2 a bad --url: "
                        + "; ".join(f"{k}: {v.description}" for k, v in NAMED_DOWNLOADS.items()))
     p.add_argument("name", choices=sorted(NAMED_DOWNLOADS))
     p.add_argument("--dest", required=True)
+    p.add_argument("--url", action="append", metavar="SOURCE=URL", help="fetch a source from a mirror or an offline "
+                   "copy (a URL, a path or file://), verified as the original; also the environment variable "
+                   "CGLIB_URL_<SOURCE> (upper case, - as _). Sources: " + ", ".join(
+                       dict.fromkeys(s for entry in NAMED_DOWNLOADS.values() for s in entry.sources())))
     p.set_defaults(func=_download)
 
     p = sub.add_parser("synthetic-coco", help="write the synthetic world as COCO-format files (captions JSON + "
