@@ -56,22 +56,31 @@ def _before(earlier: str, later: str) -> bool:
     return datetime.fromisoformat(earlier) < datetime.fromisoformat(later)
 
 
-def _abstraction(run_dir: Path, summary: dict, resume: Resume | None) -> dict:
-    """The abstraction stage: this attempt's account as the engine recorded it, and the files on disk that an
-    earlier attempt wrote (named with that attempt's time and status, never added to this one's account)."""
-    from cglib.llm.engine import CHAINS_FILE, load_attempts  # lazy: the engine pulls in every backend
+def _abstraction(run_dir: Path, summary: dict | None, resume: Resume | None) -> dict:
+    """The abstraction stage: this attempt's account as the engine recorded it, the files on disk that an
+    earlier attempt wrote (named with that attempt's time and status, never added to this one's account), and an
+    attempt killed after it (or before any ended): what it recorded before the kill and the answers now cached."""
+    from cglib.llm.attempts import (  # lazy: cglib.llm's backends
+        INTERRUPTED,
+        RUNNING,
+        cached_answers,
+        load_attempts,
+    )
+    from cglib.llm.engine import CHAINS_FILE  # lazy: the engine pulls in every backend
 
-    out = {"kept": summary.get("chains"), "unit": "images with a full chain", "skipped": {},
+    attempts = load_attempts(run_dir / "abstraction")
+    summary = summary or {}
+    out = {"kept": summary.get("chains") if summary else 0, "unit": "images with a full chain", "skipped": {},
            "failed": _counts(summary.get("failed_images_by_reason")), "llm": summary.get("account"),
            "cache_rebuilt": summary.get("cache_rebuilt"), "attempt": summary.get("attempt")}
-    if summary.get("status") not in (None, "complete"):
+    if summary and summary.get("status") not in (None, "complete"):
         out["failed"][_stop_reason(summary)] = 1
         out["stop_error"] = summary.get("error")
         out["resume"] = resume and resume("02")
     chains = run_dir / "abstraction" / CHAINS_FILE
     attempt = summary.get("attempt") or {}
     if chains.is_file() and attempt and not attempt.get("chains_written"):
-        writers = [a for a in load_attempts(run_dir / "abstraction") if a.get("chains_written")]
+        writers = [a for a in attempts if a.get("chains_written")]
         if writers:
             w = writers[-1]
             out["other_files"] = {CHAINS_FILE: {"started": w.get("started"), "status": w.get("status"),
@@ -79,6 +88,14 @@ def _abstraction(run_dir: Path, summary: dict, resume: Resume | None) -> dict:
         else:  # written by a cglib that recorded no attempts
             out["other_files"] = {CHAINS_FILE: {"started": _iso(chains.stat().st_mtime), "status": "unknown",
                                                 "chains": None}}
+    last = attempts[-1] if attempts else {}
+    if last.get("status") in (RUNNING, INTERRUPTED) and last.get("started") != attempt.get("started"):
+        out["unfinished_attempt"] = {"started": last.get("started"), "status": last["status"],
+                                     "progress": last.get("progress") or {},
+                                     "cached_answers": cached_answers(last.get("cache"))}
+        if last["status"] == INTERRUPTED:
+            out["failed"]["interrupted: its process is gone"] = 1
+            out["resume"] = resume and resume("02")
     return out
 
 
@@ -111,37 +128,83 @@ def _prepare(account: dict) -> dict:
 
 
 def _training(run_dir: Path, summaries: list[Path], resume: Resume | None, attempt_started: str | None) -> dict:
-    """Per run and training seed, the account of the attempt that finished it (steps and epochs kept from a
-    checkpoint, trained now, repeated after a kill), the image cache's account, and the runs an interrupted
-    attempt left with a checkpoint and no final weights (still to resume). A run finished before this attempt
-    started (`attempt_started`, run.json's `started`) was reused with its weights: its account gets `reused_from`,
-    the time the earlier attempt finished it, and nothing of it was trained now."""
+    """Per run and training seed that these params asked for (training/prepare.json: the runs and seeds the last
+    training attempt prepared), the account of the attempt that finished it (steps and epochs kept from a
+    checkpoint, trained now, repeated after a kill), the image cache's account, the runs that failed (their
+    failed.json, with the reason), the runs an interrupted attempt left with a checkpoint and no final weights
+    (still to resume), and those not trained at all. A run finished before this attempt started (`attempt_started`,
+    run.json's `started`) was reused with its weights: its account gets `reused_from`, the time the earlier
+    attempt finished it, and nothing of it was trained now. Models in the folder that these params do not name
+    are listed apart (`not_in_params`), never counted as kept."""
+    from cglib.train.failures import FAILED  # lazy: cglib.train's package loads torch on first use of a name
+
+    training = run_dir / "training"
+    prepared = _read_json(training / "prepare.json") or {}
+    asked = ([seed_label(n, int(k)) for k in prepared.get("training_seeds") or [0] for n in prepared["runs"]]
+             if prepared.get("runs") else None)  # None: no record of what was asked (an older cglib)
+
+    def folder(label: str) -> Path:
+        name, _, seed = label.partition("@seed")
+        return training / (f"seed{seed}/{name}" if seed else name)
+
     runs: dict[str, dict] = {}
     caches: dict[str, dict] = {}
+    others: list[str] = []
+    finished_at: dict[str, str | None] = {}
     for path in summaries:
         s = _read_json(path)
         if not s:
             continue
         label = seed_label(s.get("name", path.parent.name), int(s.get("training_seed") or 0))
+        if asked is not None and label not in asked:
+            others.append(label)
+            continue
         runs[label] = dict(s.get("account") or {})
         finished = (s.get("provenance") or {}).get("created")
+        finished_at[label] = finished
         if runs[label] and finished and attempt_started and _before(finished, attempt_started):
             runs[label]["reused_from"] = finished
         cache = (s.get("image_cache") or {}).get("account")
         if cache:  # one cache per image size, shared by the runs of a seed: the last summary's word
             caches[f"{cache['size']}px"] = cache
-    waiting = sorted(str(p.parent.parent.relative_to(run_dir / "training"))
-                     for p in (run_dir / "training").glob("**/checkpoints/last.pt")
+    failed_runs = {}
+    for label in asked or []:
+        failure = _read_json(folder(label) / FAILED)
+        if failure and (label not in runs or not finished_at.get(label)
+                        or _before(finished_at[label], failure.get("failed", ""))):
+            failed_runs[label] = failure.get("error") or "no reason recorded"
+            runs.pop(label, None)
+    waiting = sorted(str(p.parent.parent.relative_to(training)) for p in training.glob("**/checkpoints/last.pt")
                      if not (p.parent.parent / "summary.json").is_file())
+    if asked is not None:
+        waiting = [w for w in waiting if seed_label(*_name_and_seed(w)) in asked]
+    waiting_labels = {seed_label(*_name_and_seed(w)) for w in waiting}
+    untrained = [label for label in asked or [] if label not in runs and label not in failed_runs
+                 and label not in waiting_labels]
     skipped = _merge(*(_counts(c["skipped_by_reason"]) for c in caches.values()))
     out = {"kept": len(runs), "unit": "models trained (every training seed)",
            "skipped": {f"image cache: {k}": v for k, v in skipped.items()}, "failed": {}, "runs": runs,
            "image_cache": caches}
+    if untrained:
+        out["skipped"]["not trained (training stopped before it)"] = len(untrained)
+        out["untrained"] = untrained
+    if failed_runs:
+        out["failed"].update({f"{label}: {why}": 1 for label, why in failed_runs.items()})
+        out["failed_runs"] = failed_runs
+    if others:
+        out["not_in_params"] = sorted(others)
     if waiting:
-        out["failed"] = {"interrupted, a checkpoint waits": len(waiting)}
+        out["failed"]["interrupted, a checkpoint waits"] = len(waiting)
         out["interrupted"] = waiting
+    if waiting or failed_runs or untrained:
         out["resume"] = resume and resume("05")
     return out
+
+
+def _name_and_seed(folder: str) -> tuple[str, int]:
+    """`seed1/clip` -> ("clip", 1); `clip` -> ("clip", 0): a run's folder under training/ as (name, seed)."""
+    seed, _, name = folder.rpartition("/")
+    return name, int(seed.removeprefix("seed")) if seed else 0
 
 
 def _search(summary: dict) -> dict:
@@ -169,9 +232,10 @@ def stage_summaries(run_dir: Path, resume: Resume | None = None) -> dict[str, di
                            "failed": {}}
         ran_at["captions"] = _mtime(run_dir / "captions" / "summary.json")
     abstraction = _read_json(run_dir / "abstraction" / "summary.json")
-    if abstraction:
+    if abstraction or (run_dir / "abstraction" / "attempts.jsonl").is_file():  # a first attempt killed: no summary
         out["abstraction"] = _abstraction(run_dir, abstraction, resume)
-        started = (abstraction.get("attempt") or {}).get("started")
+        started = (out["abstraction"].get("unfinished_attempt") or (abstraction or {}).get("attempt") or {}).get(
+            "started")
         ran_at["abstraction"] = (datetime.fromisoformat(started).timestamp() if started
                                  else _mtime(run_dir / "abstraction" / "summary.json"))
     generalize = _read_json(run_dir / "abstraction" / "generalize_summary.json")
@@ -232,10 +296,10 @@ def stage_lines(run_dir: Path, stage: str) -> list[str]:
 def _llm_lines(s: dict) -> list[str]:
     """The LLM stage's account, its stop, its rebuilt cache and the files another attempt left."""
     pad = " " * 15
-    lines = []
+    lines = _unfinished_lines(s)
     a = s.get("llm")
     if a is None:
-        return [pad + "LLM: no account (summary.json written by an older cglib; run the stage again)"]
+        return lines or [pad + "LLM: no account (summary.json written by an older cglib; run the stage again)"]
     failed = ", ".join(f"{k}: {v}" for k, v in a["failed_by_reason"].items())
     retries = ", ".join(f"{k}: {v}" for k, v in a["requests"]["retries_by_reason"].items())
     cost = a["cost_usd"]
@@ -264,6 +328,23 @@ def _llm_lines(s: dict) -> list[str]:
         lines.append(f"{pad}{name} on disk is from another attempt (started {w['started']}, {w['status']}{chains}); "
                      "not part of this attempt's account")
     return lines
+
+
+def _unfinished_lines(s: dict) -> list[str]:
+    """An attempt of the stage killed (or still running) after its last account: what it recorded as it went,
+    and the answers in the cache now (a resume takes them from there)."""
+    u = s.get("unfinished_attempt")
+    if not u:
+        return []
+    pad = " " * 15
+    p = u["progress"]
+    got = (f"{p.get('answered', 0)} answered + {p.get('failed', 0)} failed + {p.get('cached', 0)} from the cache, "
+           f"{p.get('requests', 0)} requests, ${p.get('spent_usd', 0):.4f} spent")
+    cached = "" if u["cached_answers"] is None else f"; {u['cached_answers']} answers cached now"
+    if u["status"] == "running":
+        return [f"{pad}attempt started {u['started']} still running: so far {got}{cached}"]
+    return [f"{pad}attempt started {u['started']} interrupted (its process is gone): before it stopped {got}{cached}"
+            + (f"; resume with: {s['resume']}" if s.get("resume") else "")]
 
 
 def summary_lines(stages: dict[str, dict]) -> list[str]:
@@ -343,6 +424,13 @@ def _training_lines(s: dict) -> list[str]:
     for label in s.get("interrupted", []):
         lines.append(f"{pad}{label}: interrupted, its checkpoint waits"
                      + (f"; resume with: {s['resume']}" if s.get("resume") else ""))
+    for label, why in (s.get("failed_runs") or {}).items():
+        lines.append(f"{pad}{label}: FAILED, no model: {why}")
+    if s.get("untrained"):
+        lines.append(f"{pad}not trained (training stopped before them): {', '.join(s['untrained'])}")
+    if s.get("not_in_params"):
+        lines.append(f"{pad}also in this folder, not in these params: {len(s['not_in_params'])} "
+                     f"({', '.join(s['not_in_params'])}); not counted above")
     return lines
 
 

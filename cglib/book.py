@@ -32,8 +32,14 @@ import nbformat
 import yaml
 
 from cglib.course.student import BEGIN_SOLUTION, END_SOLUTION, has_solution, strip_solutions
-from cglib.executed_notebooks import MATHJAX_DIR, NotARunDirectory, bundle_mathjax, clean_notebook
+from cglib.executed_notebooks import (
+    MATHJAX_DIR,
+    bundle_mathjax,
+    check_run_folder,
+    clean_notebook,
+)
 from cglib.run import REPO_ROOT
+from cglib.user_files import check_site_folder, mark_site_folder
 
 GUIDE_DIR = REPO_ROOT / "book"  # the guide's MyST pages, readable on the forge as they are
 README = REPO_ROOT / "README.md"
@@ -77,12 +83,16 @@ class Book:
         return self.out_dir / "index.html"
 
 
-def build_book(run_dir: str | Path, out_dir: str | Path | None = None, guide_dir: Path = GUIDE_DIR) -> Book:
+def build_book(run_dir: str | Path, out_dir: str | Path | None = None, guide_dir: Path = GUIDE_DIR,
+               need_notebooks: bool = False) -> Book:
     """Build the book of a run into `out_dir` (default `RUN_DIR/book/`); raises NotARunDirectory without
-    params.yaml and BookDependencyMissing without Sphinx, MyST-NB or sphinx-book-theme."""
+    params.yaml, or without an executed notebook when `need_notebooks` (`cglib book`), UserFilesInTheWay when
+    `out_dir` holds files an earlier book did not write, and BookDependencyMissing without Sphinx, MyST-NB or
+    sphinx-book-theme."""
     run_dir = Path(run_dir)
-    if not (run_dir / "params.yaml").is_file():
-        raise NotARunDirectory(f"{run_dir} is not a run directory (no params.yaml); pass outputs/<run>")
+    check_run_folder(run_dir, "book", need_notebooks)
+    if out_dir is not None:
+        check_site_folder(Path(out_dir), "book")
     if not (guide_dir / GUIDE_CONTENTS).is_file():
         raise FileNotFoundError(f"{guide_dir / GUIDE_CONTENTS} not found: the book reads the guide from the "
                                 "repository's book/ folder; build it from a clone (`pip install -e \".[book]\"`)")
@@ -114,6 +124,7 @@ def build_book(run_dir: str | Path, out_dir: str | Path | None = None, guide_dir
         app = Sphinx(str(source), str(source), str(book.out_dir), str(Path(scratch) / "doctrees"), "html",
                      status=io.StringIO(), warning=warnings, freshenv=True)
         app.build()
+        mark_site_folder(book.out_dir, "book")
         book.warnings = [ANSI_COLOUR.sub("", line).replace(str(source) + "/", "")
                          for line in warnings.getvalue().splitlines() if "WARNING" in line]
     book.seconds = time.perf_counter() - started

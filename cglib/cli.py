@@ -3,7 +3,8 @@ or book, search hyper-parameters, download or write data.
 
 Exit codes: 0 success, 1 a step failed (`report`: a notebook page could not be written; `book`: Sphinx missing;
 `evaluate-model`: the model could not be loaded; `search`: no trial completed), 2 bad input (params, arguments, a
-model spec, not a run directory),
+model spec, not a run directory, a run without executed notebooks for `report` or `book`, a folder holding a
+user's files that a command would replace),
 3 `run --strict`: the run finished but some item was skipped or failed (see the run summary),
 4 `status`: the run was interrupted (status "running" but its runner process is gone on this host),
 5 `status`: the run is still running.
@@ -19,7 +20,7 @@ from pathlib import Path
 from cglib.cli_models import evaluate_model_command, search_command
 from cglib.cli_outputs import book_command, compare_protocols_command, figures_command, report_command
 from cglib.config import ParamsError, load_params, schema_table
-from cglib.data.download import NAMED_DOWNLOADS, download_named
+from cglib.data.download import NAMED_DOWNLOADS, DownloadError, download_named, mirror_urls
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -138,7 +139,24 @@ def _export_magic(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    paths = download_named(args.name, Path(args.dest))
+    urls = {}
+    for pair in args.url or []:
+        source, sep, url = pair.partition("=")
+        if not sep or not source or not url:
+            print(f"error: --url {pair}: write SOURCE=URL (a source of {args.name}: "
+                  f"{', '.join(NAMED_DOWNLOADS[args.name].sources())})", file=sys.stderr)
+            return 2
+        urls[source] = url
+    try:
+        mirror_urls(args.name, urls)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        paths = download_named(args.name, Path(args.dest), urls=urls)
+    except (DownloadError, ValueError) as exc:  # a bad or failed download, said in one line (the file is deleted)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     for path in paths:
         print(path)
     return 0
@@ -173,22 +191,23 @@ def _params_table(args: argparse.Namespace) -> int:
 def _student_version(args: argparse.Namespace) -> int:
     from cglib.course.student import (  # lazy: cglib.course loads torch
         SolutionMarkerError,
-        WouldOverwrite,
         write_student_version,
     )
     from cglib.pipeline import default_notebook_dir  # lazy: numpy; keeps cglib --help light
 
     notebooks = Path(args.notebooks) if args.notebooks else default_notebook_dir()
     try:
-        existing = "force" if args.force else "update" if args.update else "refuse"
-        with_exercises = write_student_version(notebooks, args.out, args.params, args.run_dir, existing)
-    except (SolutionMarkerError, FileNotFoundError, ValueError, WouldOverwrite) as exc:
+        done = write_student_version(notebooks, args.out, args.params, args.run_dir, force=args.force,
+                                     update=args.update)
+    except (SolutionMarkerError, FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"Student version in {args.out}: solutions replaced by stubs in "
-          f"{', '.join(p.name for p in with_exercises) or 'no notebook written with exercises'}"
-          + (" (the notebooks already there were kept: --update)" if args.update else
-             " (each replaced notebook kept as NAME.ipynb.bak: --force)" if args.force else ""))
+    print(f"Student version in {args.out}: {len(done.written)} notebooks written; solutions replaced by stubs in "
+          f"{', '.join(p.name for p in done.with_exercises) or 'no notebook written now'}")
+    if done.left:
+        print(f"  left as they were: {', '.join(p.name for p in done.left)}")
+    for backup in done.backups:
+        print(f"  replaced, the earlier copy kept as {backup}")
     print(f"Open them in JupyterLab, or run them headless: cglib run {args.params or 'PARAMS'} --notebooks "
           f"{args.out}" + (f" --out {args.run_dir}" if args.run_dir else ""))
     return 0
@@ -257,14 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="a run's executed notebooks as a static HTML report (index with Table 3, "
                        "Table 1 and Fig. 4, one page per notebook, figures embedded); exit 0 ok (missing pieces "
-                       "are listed on the index), 1 a page could not be written, 2 not a run directory")
+                       "are listed on the index), 1 a page could not be written, 2 not a run directory, no executed "
+                       "notebook, or an --out folder holding files an earlier report did not write")
     p.add_argument("run_dir")
     p.add_argument("--out", help="report folder (default: RUN_DIR/report); open its index.html")
     p.set_defaults(func=report_command)
 
     p = sub.add_parser("book", help="a run as a book: its executed notebooks, the guide and a glossary as a static "
                        "site with navigation and search, built offline; exit 0 built, 1 Sphinx or MyST-NB missing "
-                       "(install the book extra) or the guide's pages not found, 2 not a run directory")
+                       "(install the book extra) or the guide's pages not found, 2 not a run directory, no executed "
+                       "notebook, or an --out folder holding files an earlier book did not write")
     p.add_argument("run_dir")
     p.add_argument("--out", help="book folder (default: RUN_DIR/book); open its index.html")
     p.set_defaults(func=book_command)
@@ -301,10 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", help="the export folder (new or an earlier export)")
     p.set_defaults(func=_export_magic)
 
-    p = sub.add_parser("download", help="download public data (needs the internet): "
+    p = sub.add_parser("download", help="download public data (needs the internet or a mirror), each file verified "
+                       "(size, checksum, archive members) before it is moved into place; exit 0 ok, 1 a failed or "
+                       "bad download (deleted, said in one line), 2 a bad --url: "
                        + "; ".join(f"{k}: {v.description}" for k, v in NAMED_DOWNLOADS.items()))
     p.add_argument("name", choices=sorted(NAMED_DOWNLOADS))
     p.add_argument("--dest", required=True)
+    p.add_argument("--url", action="append", metavar="SOURCE=URL", help="fetch a source from a mirror or an offline "
+                   "copy (a URL, a path or file://), verified as the original; also the environment variable "
+                   "CGLIB_URL_<SOURCE> (upper case, - as _). Sources: " + ", ".join(
+                       dict.fromkeys(s for entry in NAMED_DOWNLOADS.values() for s in entry.sources())))
     p.set_defaults(func=_download)
 
     p = sub.add_parser("synthetic-coco", help="write the synthetic world as COCO-format files (captions JSON + "
@@ -320,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("student-version", help="the notebooks with every exercise's solution replaced by a stub "
                        "(code raises NotImplementedError, answers read YOUR ANSWER HERE), for students; `cglib run "
-                       "PARAMS --notebooks OUT` runs them headless (an exercise not yet done raises, the run goes on)")
+                       "PARAMS --notebooks OUT` runs them headless (an exercise not yet done raises, the run goes on); "
+                       "never replaces a student's edited notebook without --force (exit 2 naming them)")
     p.add_argument("--out", default="outputs/student", help="folder for the student notebooks (default: "
                    "outputs/student)")
     p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
@@ -328,11 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "notebooks, ../params/demo.yaml)")
     p.add_argument("--run-dir", help="the run folder the notebooks' parameters cells name, e.g. a folder made by "
                    "`cglib link-run` over the class's run (default: the params' outputs/<run.name>)")
-    existing = p.add_mutually_exclusive_group()
-    existing.add_argument("--update", action="store_true", help="write only the notebooks absent from --out (by "
-                          "default a folder holding any of them is refused: they may hold a student's work)")
-    existing.add_argument("--force", action="store_true", help="replace the notebooks in --out, keeping each old "
-                          "one as NAME.ipynb.bak")
+    p.add_argument("--update", action="store_true", help="write only the notebooks absent from --out (by "
+                   "default a folder holding any that differ from the student version is refused: they may hold a "
+                   "student's work)")
+    p.add_argument("--force", action="store_true", help="replace the notebooks in --out, keeping each old "
+                   "one as NAME.ipynb.bak")
     p.set_defaults(func=_student_version)
 
     p = sub.add_parser("link-run", help="a run folder of your own over a finished (e.g. a class's read-only) run: "

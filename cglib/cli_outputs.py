@@ -55,14 +55,12 @@ def compare_protocols_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from cglib.report import (  # lazy: torch (through cglib.evaluate); keeps cglib --help light
-        NotARunDirectory,
-        build_report,
-    )
+    from cglib.executed_notebooks import NotARunDirectory  # lazy: nbformat; keeps cglib --help light
+    from cglib.report import build_report  # lazy: torch (through cglib.evaluate); keeps cglib --help light
 
     try:
-        report = build_report(Path(args.run_dir), Path(args.out) if args.out else None)
-    except NotARunDirectory as exc:
+        report = build_report(Path(args.run_dir), Path(args.out) if args.out else None, need_notebooks=True)
+    except (NotARunDirectory, FileExistsError) as exc:  # FileExistsError: --out holds files of someone else
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"report: {report.index} ({len(report.pages)} notebook pages)")
@@ -74,15 +72,12 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def book_command(args: argparse.Namespace) -> int:
-    from cglib.book import (  # lazy: Sphinx is slow to import
-        BookDependencyMissing,
-        NotARunDirectory,
-        build_book,
-    )
+    from cglib.book import BookDependencyMissing, build_book  # lazy: Sphinx is slow to import
+    from cglib.executed_notebooks import NotARunDirectory  # lazy: nbformat; keeps cglib --help light
 
     try:
-        book = build_book(Path(args.run_dir), Path(args.out) if args.out else None)
-    except NotARunDirectory as exc:
+        book = build_book(Path(args.run_dir), Path(args.out) if args.out else None, need_notebooks=True)
+    except (NotARunDirectory, FileExistsError) as exc:  # FileExistsError: --out holds files of someone else
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (BookDependencyMissing, FileNotFoundError) as exc:

@@ -20,8 +20,18 @@ MATHJAX_DIR = "mathjax"
 
 
 class NotARunDirectory(ValueError):
-    """The folder has no params.yaml: it is not a run directory written by `cglib run`."""
+    """The folder has no params.yaml (it is not a run directory written by `cglib run`), or no executed notebook
+    where one is needed."""
 
+
+def check_run_folder(run_dir: Path, command: str, need_notebooks: bool) -> None:
+    """Raise NotARunDirectory when `run_dir` is not a run folder, or (`need_notebooks`) holds no executed notebook
+    for `cglib COMMAND` to show."""
+    if not (run_dir / "params.yaml").is_file():
+        raise NotARunDirectory(f"{run_dir} is not a run directory (no params.yaml); pass outputs/<run>")
+    if need_notebooks and not any((run_dir / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        raise NotARunDirectory(f"{run_dir} holds no executed notebook (notebooks/NN_*.ipynb), so cglib {command} "
+                               f"would have no page to show: run `cglib run PARAMS --out {run_dir}` first")
 
 
 def relative_to_run(text: str, run_dir: Path) -> str:

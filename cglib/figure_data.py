@@ -142,10 +142,28 @@ def _read_table(path: Path, types: dict[str, str]) -> pd.DataFrame:
     return frame
 
 
+class FigureDataError(ValueError):
+    """A figure's data file cannot be read, or the figure cannot be drawn from it; the message names the file."""
+
+
+def _read(path: Path, read: Callable[[Path], Any]) -> Any:
+    """`read(path)`, with any failure raised as a FigureDataError that names the file."""
+    try:
+        return read(path)
+    except Exception as exc:  # pandas, numpy and zip errors alike: raised again naming the file
+        raise FigureDataError(f"cannot read {path} ({type(exc).__name__}: {exc})") from exc
+
+
+def _load_array(path: Path, names: list[str]) -> list[np.ndarray]:
+    with np.load(path, allow_pickle=False) as stored:
+        return [stored[name] for name in names]
+
+
 def load_call(spec_path: str | Path) -> tuple[Callable, dict[str, Any]]:
-    """The drawing function and its arguments, read from `<stem>.figure.json` and the files beside it."""
+    """The drawing function and its arguments, read from `<stem>.figure.json` and the files beside it (a file
+    that cannot be read is a FigureDataError naming it)."""
     spec_path = Path(spec_path)
-    spec = json.loads(spec_path.read_text())
+    spec = _read(spec_path, lambda path: json.loads(path.read_text()))
     if spec.get("format") != FORMAT_VERSION:
         raise ValueError(f"{spec_path} has format {spec.get('format')!r}; this cglib reads format {FORMAT_VERSION}: "
                          "save the figure again with this version")
@@ -155,23 +173,26 @@ def load_call(spec_path: str | Path) -> tuple[Callable, dict[str, Any]]:
         function = getattr(function, part)
     arguments = dict(spec["arguments"])
     for name, table in spec["tables"].items():
-        frame = _read_table(spec_path.parent / table["file"], table["types"])
+        frame = _read(spec_path.parent / table["file"], functools.partial(_read_table, types=table["types"]))
         if table["index"]:
             frame = frame.set_index(table["index"])
         arguments[name] = frame.iloc[:, 0] if table.get("series") else frame
     for name, file in spec["arrays"].items():
-        with np.load(spec_path.parent / file, allow_pickle=False) as stored:
-            arguments[name] = stored[name]
+        (arguments[name],) = _read(spec_path.parent / file, functools.partial(_load_array, names=[name]))
     for name, entry in spec.get("array_lists", {}).items():
-        with np.load(spec_path.parent / entry["file"], allow_pickle=False) as stored:
-            arguments[name] = [stored[f"{name}.{k}"] for k in range(entry["length"])]
+        members = [f"{name}.{k}" for k in range(entry["length"])]
+        arguments[name] = _read(spec_path.parent / entry["file"], functools.partial(_load_array, names=members))
     return function, arguments
 
 
 def replot(spec_path: str | Path) -> Any:
     """Redraw a figure from its saved data alone (`<stem>.figure.json` and the files it names)."""
     function, arguments = load_call(spec_path)
-    return function(**arguments)
+    try:
+        return function(**arguments)
+    except Exception as exc:  # raised again naming the data it was drawn from
+        raise FigureDataError(f"drawing {Path(spec_path).name} with {function.__module__}.{function.__qualname__} "
+                              f"failed ({type(exc).__name__}: {exc})") from exc
 
 
 def data_files(directory: str | Path, stem: str) -> list[Path]:

@@ -28,13 +28,14 @@ from cglib.config.evaluation import EvalParams
 from cglib.evaluate.floor import base_origin, chance_floor
 from cglib.executed_notebooks import (
     MATHJAX_DIR,
-    NotARunDirectory,
     bundle_mathjax,
+    check_run_folder,
     clean_notebook,
     relative_to_run,
 )
 from cglib.magic import load_magic, table1
 from cglib.pipeline import default_notebook_dir, discover_notebooks
+from cglib.user_files import check_site_folder, mark_site_folder
 
 INDEX = "index.html"
 FIG4_STEM = "06_fig4_accuracy_by_level"  # cglib.viz.figures.STEMS["accuracy"]
@@ -77,13 +78,16 @@ class Report:
         return self.out_dir / INDEX
 
 
-def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
-    """Write the HTML report of a run (default `RUN_DIR/report/`); raises NotARunDirectory without params.yaml."""
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None, need_notebooks: bool = False) -> Report:
+    """Write the HTML report of a run (default `RUN_DIR/report/`); raises NotARunDirectory without params.yaml, or
+    without an executed notebook when `need_notebooks` (`cglib report`), and UserFilesInTheWay when `out_dir` holds
+    files an earlier report did not write."""
     run_dir = Path(run_dir)
-    if not (run_dir / "params.yaml").is_file():
-        raise NotARunDirectory(f"{run_dir} is not a run directory (no params.yaml); pass outputs/<run>")
+    check_run_folder(run_dir, "report", need_notebooks)
     report = Report(Path(out_dir) if out_dir else run_dir / "report")
-    report.out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir is not None:
+        check_site_folder(report.out_dir, "report")
+    mark_site_folder(report.out_dir, "report")
     for stale in [*report.out_dir.glob("[0-9][0-9]_*.html"), report.index]:  # pages of an earlier report
         stale.unlink(missing_ok=True)
     manifest = _read_json(run_dir / "run.json") or {}

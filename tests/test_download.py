@@ -243,7 +243,7 @@ def test_download_named_fetches_and_extracts(server: tuple[str, ServerState], tm
     archive = make_zip({"annotations/captions_train2017.json": b"{}",
                         "annotations/captions_val2017.json": b"{}"})
     state.files["ann.zip"] = archive
-    entry = NamedDownload("test", (RemoteFile(f"{base}/range/ann.zip", "ann.zip",
+    entry = NamedDownload("test", (RemoteFile("coco-annotations-2017", f"{base}/range/ann.zip", "ann.zip",
                                               md5=hashlib.md5(archive).hexdigest(), extract=True),),
                           NAMED_DOWNLOADS["coco-annotations"].outputs)
     monkeypatch.setitem(NAMED_DOWNLOADS, "coco-annotations", entry)
@@ -280,13 +280,15 @@ def test_hierarcaps_images_from_csv(server: tuple[str, ServerState], tmp_path: P
         download_hierarcaps_images(csv_path, tmp_path / "imgs", progress=False, retries=0)
 
 
-# no published checksum (see HIERARCAPS_TRAIN and COCO_ANNOTATIONS_2014 in download.py)
+# no published checksum (see HIERARCAPS_TRAIN and COCO_ANNOTATIONS_2014 in download.py): their structure is checked
 UNCHECKED_FILES = {dl.HIERARCAPS_TRAIN.file_name, dl.COCO_ANNOTATIONS_2014.file_name}
 
 
 def test_registry_is_well_formed() -> None:
-    """Every named download has https/http URLs on the expected hosts, a checksum (but the listed) and outputs."""
+    """Every named download has https/http URLs on the expected hosts, a source name of its own, a checksum and a
+    size (but the listed, which have a structural check), an archive's members, and outputs."""
     assert {"coco-annotations", "coco-images", "hierarcaps", "hierarcaps-1k", "hierarcaps-train"} <= set(NAMED_DOWNLOADS)
+    sources = {}
     for name, entry in NAMED_DOWNLOADS.items():
         assert entry.files and entry.outputs and entry.description, name
         for remote in entry.files:
@@ -294,8 +296,14 @@ def test_registry_is_well_formed() -> None:
                      "https://huggingface.co/datasets/tau-vailab/HierarCaps/")
             assert remote.url.startswith(hosts)
             assert remote.url.endswith(remote.file_name)
-            if remote.file_name not in UNCHECKED_FILES:
+            assert sources.setdefault(remote.source, remote) == remote, remote.source  # one source, one file
+            if remote.file_name in UNCHECKED_FILES:
+                assert remote.check() is not None and remote.size_bytes is None, name
+            else:
                 assert len(remote.md5 or "") == 32 or len(remote.sha256 or "") == 64, name
+                assert remote.size_bytes, name
+            if remote.extract:
+                assert remote.kind == "zip" and remote.members, name
 
 
 def test_hierarcaps_train_download_then_load(server: tuple[str, ServerState], tmp_path: Path,
@@ -359,7 +367,8 @@ def test_hierarcaps_1k_fetches_the_profiles_layout(server: tuple[str, ServerStat
     _hierarcaps_1k_server(base, state, names)
     real = NAMED_DOWNLOADS["hierarcaps-1k"]
     csv_file = dataclasses.replace(dl.HIERARCAPS_CSV, url=f"{base}/range/hierarcaps_test.csv",
-                                   sha256=hashlib.sha256(state.files["hierarcaps_test.csv"]).hexdigest())
+                                   sha256=hashlib.sha256(state.files["hierarcaps_test.csv"]).hexdigest(),
+                                   size_bytes=len(state.files["hierarcaps_test.csv"]))
     zip_file = dataclasses.replace(dl.COCO_ANNOTATIONS_2014, url=f"{base}/range/annotations_trainval2014.zip")
     monkeypatch.setitem(NAMED_DOWNLOADS, "hierarcaps-1k", dataclasses.replace(real, files=(csv_file, zip_file)))
     dest = tmp_path / "data" / "hierarcaps"
@@ -406,3 +415,124 @@ def test_hierarcaps_1k_captions_must_cover_every_image(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read annotations/captions_val2014.json .*download it again"):
         dl.hierarcaps_captions(csv_path, tmp_path / "empty.zip", tmp_path / "out.json")
     assert not (tmp_path / "out.json").exists()
+
+
+# ------------------------------------------------------------------------------ bad archives, mirrors, the CLI
+GOOD_ARCHIVE = make_zip({"annotations/captions_train2017.json": b'{"images": []}',
+                         "annotations/captions_val2017.json": b'{"images": []}'})
+BAD_ARCHIVES = {  # served name -> what the one line must say
+    "truncated.zip": "truncated: a zip archive cut before its end",
+    "page.zip": "not a zip archive: it is an HTML page",
+    "wrong.zip": "a zip without the member annotations/captions_train2017.json",
+    "tampered.zip": "sha256 mismatch: expected",
+}
+
+
+@pytest.fixture
+def archives(server: tuple[str, ServerState], monkeypatch: pytest.MonkeyPatch) -> tuple[str, ServerState]:
+    """`coco-annotations` pinned to the local good archive's size and sha256 (its URL a path the server does not
+    serve, so only a mirror reaches it), and the server holding the good archive and four bad ones."""
+    base, state = server
+    state.files.update({
+        "good.zip": GOOD_ARCHIVE,
+        "truncated.zip": GOOD_ARCHIVE[: len(GOOD_ARCHIVE) // 2],
+        "page.zip": b"<!DOCTYPE html>\n<html><body>Please sign in to continue</body></html>\n",
+        "wrong.zip": make_zip({"annotations/instances_train2017.json": b"{}"}),
+        # the right members and size, other bytes: only the checksum tells
+        "tampered.zip": GOOD_ARCHIVE.replace(b'{"images": []}', b'{"images": {}}'),
+    })
+    assert len(state.files["tampered.zip"]) == len(GOOD_ARCHIVE) != state.files["tampered.zip"]
+    real = NAMED_DOWNLOADS["coco-annotations"]
+    pinned = dataclasses.replace(dl.COCO_ANNOTATIONS, url=f"{base}/range/gone/annotations_trainval2017.zip",
+                                 md5=None, sha256=hashlib.sha256(GOOD_ARCHIVE).hexdigest(),
+                                 size_bytes=len(GOOD_ARCHIVE))
+    monkeypatch.setitem(NAMED_DOWNLOADS, "coco-annotations", dataclasses.replace(real, files=(pinned,)))
+    monkeypatch.delenv("CGLIB_URL_COCO_ANNOTATIONS_2017", raising=False)
+    return base, state
+
+
+def _download_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    from cglib.cli import main as cli_main
+
+    code = cli_main(["download", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_each_bad_archive_is_one_line_exit_1_and_nothing_left(archives, tmp_path: Path, capsys) -> None:
+    """`cglib download` from a mirror serving a truncated zip, an HTML page, a zip without the captions and a
+    zip whose bytes differ: exit 1, one line saying which, no traceback, no file left behind; then the good
+    archive from the same folder succeeds (a rerun fetches again instead of trusting the bad file)."""
+    base, state = archives
+    dest = tmp_path / "coco"
+    for name, what in BAD_ARCHIVES.items():
+        code, out, err = _download_cli(["coco-annotations", "--dest", str(dest), "--url",
+                                        f"coco-annotations-2017={base}/range/{name}"], capsys)
+        assert code == 1 and out == "", name
+        last = err.rstrip("\n").rsplit("\n", 1)[-1]  # before it: the progress bar, on stderr
+        assert err.count("error:") == 1 and last.startswith(f"error: {base}/range/{name}: {what}"), err
+        assert "the download was deleted" in err and "Traceback" not in err
+        assert list(dest.iterdir()) == [], name  # neither the file nor a .part
+    code, out, err = _download_cli(["coco-annotations", "--dest", str(dest), "--url",
+                                    f"coco-annotations-2017={base}/range/good.zip"], capsys)
+    assert code == 0, err
+    assert out.splitlines() == [str(dest / "annotations/captions_train2017.json"),
+                                str(dest / "annotations/captions_val2017.json")]
+    assert (dest / "annotations_trainval2017.zip").read_bytes() == GOOD_ARCHIVE
+    assert [path for path, _ in state.requests] == [f"/range/{n}" for n in [*BAD_ARCHIVES, "good.zip"]]
+
+
+def test_a_mirror_from_the_environment_and_an_offline_copy(archives, tmp_path: Path, capsys,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """CGLIB_URL_<SOURCE> replaces a source's URL; --url overrides it; a local path is an offline copy, verified
+    as a download; a --url naming a source the download does not fetch is exit 2 naming its sources."""
+    base, state = archives
+    monkeypatch.setenv("CGLIB_URL_COCO_ANNOTATIONS_2017", f"{base}/range/good.zip")
+    code, _, err = _download_cli(["coco-annotations", "--dest", str(tmp_path / "a")], capsys)
+    assert code == 0 and state.requests == [("/range/good.zip", None)], err
+    offline = tmp_path / "copy" / "annotations_trainval2017.zip"
+    offline.parent.mkdir()
+    offline.write_bytes(state.files["wrong.zip"])
+    code, _, err = _download_cli(["coco-annotations", "--dest", str(tmp_path / "b"), "--url",
+                                  f"coco-annotations-2017={offline}"], capsys)
+    assert code == 1 and "a zip without the member annotations/captions_train2017.json" in err
+    assert offline.is_file() and list((tmp_path / "b").iterdir()) == []  # the copy is the user's: kept
+    offline.write_bytes(GOOD_ARCHIVE)
+    code, _, err = _download_cli(["coco-annotations", "--dest", str(tmp_path / "b"), "--url",
+                                  f"coco-annotations-2017=file://{offline}"], capsys)
+    assert code == 0 and len(state.requests) == 1, err
+    code, _, err = _download_cli(["coco-annotations", "--dest", str(tmp_path / "c"), "--url",
+                                  f"coco-train2017={base}/x.zip"], capsys)
+    assert code == 2 and "coco-annotations fetches no source 'coco-train2017'; its sources are " \
+        "coco-annotations-2017" in err
+
+
+def test_a_bad_file_already_in_place_is_fetched_again(archives, tmp_path: Path, capsys) -> None:
+    """A file under its final name that fails its check (an HTML page saved by hand, say) is not trusted as
+    present: it is deleted and fetched again."""
+    base, state = archives
+    dest = tmp_path / "coco"
+    dest.mkdir()
+    (dest / "annotations_trainval2017.zip").write_bytes(state.files["page.zip"])
+    code, _, err = _download_cli(["coco-annotations", "--dest", str(dest), "--url",
+                                  f"coco-annotations-2017={base}/range/good.zip"], capsys)
+    assert code == 0 and (dest / "annotations_trainval2017.zip").read_bytes() == GOOD_ARCHIVE, err
+
+
+def test_an_html_page_instead_of_an_image_is_refetched(server: tuple[str, ServerState], tmp_path: Path) -> None:
+    """A HierarCaps image that is an HTML page (a proxy's) is an error naming it, and is not kept; a mirror of the
+    images' folder (base_url) is where they are fetched from."""
+    base, state = server
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(buffer, format="JPEG")
+    state.files["COCO_val2014_000000000139.jpg"] = b"<html><body>blocked</body></html>"
+    csv_path = tmp_path / "hc.csv"
+    csv_path.write_text("id,captions,image_url\n0,a => b => c => d,http://images.example/val2014/"
+                        "COCO_val2014_000000000139.jpg\n", encoding="utf-8")
+    with pytest.raises(DownloadError, match="1 of 1 images failed .*not a JPEG image: it is an HTML page"):
+        download_hierarcaps_images(csv_path, tmp_path / "imgs", progress=False, retries=0,
+                                   base_url=f"{base}/range")
+    assert list((tmp_path / "imgs").iterdir()) == []
+    state.files["COCO_val2014_000000000139.jpg"] = buffer.getvalue()
+    download_hierarcaps_images(csv_path, tmp_path / "imgs", progress=False, base_url=f"{base}/range/")
+    assert (tmp_path / "imgs" / "COCO_val2014_000000000139.jpg").read_bytes() == buffer.getvalue()

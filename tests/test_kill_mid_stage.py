@@ -7,11 +7,15 @@ papermill starts the notebook's kernel in a session of its own, so the kill reac
 must stop at once by itself (`cglib.kernel_guard`): within 1 s of each kill the server receives nothing more.
 Every answer is committed to the cache as it arrives, so a resumed attempt asks again only what the killed one
 had in flight: the server counts each request for an input it had already answered, and the total must stay
-within the guide's bound (book/stages/02_abstraction.md), llm.concurrency per kill.
+within the guide's bound (book/stages/02_abstraction.md), llm.concurrency per kill. Every attempt is on record in
+attempts.jsonl, each killed one with what it answered and spent before the kill (their answers add up to the
+server's distinct prompts), and `cglib status` on the interrupted run shows the answers already cached.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -29,6 +33,7 @@ import yaml
 from cglib.cli import main as cli_main
 from cglib.config import deep_merge
 from cglib.data.dataset import CaptionDataset
+from cglib.llm.attempts import load_attempts
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer
@@ -51,15 +56,20 @@ run_abstraction(CaptionDataset.load(Path(run_dir) / "captions"), load_params(par
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the kernel's PID from /proc")
 
 
-def _llm_series(folder: Path) -> Path:
-    """A notebook folder whose series is the LLM stage alone (02_llm.ipynb)."""
+def one_notebook_series(folder: Path, file_name: str, code: str) -> Path:
+    """A notebook folder whose series is one notebook: the parameters cell, then `code`."""
     folder.mkdir()
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell('params_path = ""\nrun_dir = ""', metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(STAGE)]
+                nbformat.v4.new_code_cell(code)]
     nb.metadata["kernelspec"] = {"name": "cglib", "display_name": "Python (cglib)", "language": "python"}
-    nbformat.write(nb, folder / "02_llm.ipynb")
+    nbformat.write(nb, folder / file_name)
     return folder
+
+
+def _llm_series(folder: Path) -> Path:
+    """A notebook folder whose series is the LLM stage alone (02_llm.ipynb)."""
+    return one_notebook_series(folder, "02_llm.ipynb", STAGE)
 
 
 def _cached_rows(path: Path) -> int:
@@ -127,6 +137,14 @@ def test_a_killed_runner_takes_its_kernel_and_a_resume_repeats_at_most_the_answe
             kills.append({"cached_before": rows, "cached_after": _cached_rows(cache),
                           "asked_again_by_this_attempt": server.asked_again - again,
                           "last_request_after_kill_s": round(late[-1], 3) if late else None})
+        # `cglib status` on the interrupted run: the killed attempt's record and the answers cached in its stage
+        status = io.StringIO()
+        with contextlib.redirect_stdout(status):
+            assert cli_main(["status", str(out)]) == 4
+        cached_now = _cached_rows(cache)
+        assert ("interrupted (its process is gone): before it stopped " in status.getvalue()
+                and f"; {cached_now} answers cached now; resume with: cglib run " in status.getvalue()), \
+            status.getvalue()
         again = server.asked_again
         assert cli_main(run) == 0
         kills.append({"final_attempt_asked_again": server.asked_again - again})
@@ -140,3 +158,14 @@ def test_a_killed_runner_takes_its_kernel_and_a_resume_repeats_at_most_the_answe
         assert all(k.get("asked_again_by_this_attempt", k.get("final_attempt_asked_again")) <= CONCURRENCY
                    for k in kills)
         assert server.asked_again <= KILLS * CONCURRENCY
+        # every attempt on record, the killed ones with what they got before the kill: their answers add up to the
+        # server's distinct prompts, each answered (and paid) once in the record
+        attempts = load_attempts(out / "abstraction")
+        assert [a["status"] for a in attempts] == ["interrupted"] * KILLS + ["complete"]
+        assert all(a["progress"]["answered"] > 0 and a["progress"]["spent_usd"] > 0 for a in attempts)
+        # an answer is committed to the cache before its attempt's line counts it, so a kill in between leaves
+        # at most one answer per kill cached but not on the killed attempt's line
+        killed = sum(a["progress"]["answered"] for a in attempts[:-1])
+        final = attempts[-1]["progress"]
+        assert len(server.counts) == ITEMS == final["cached"] + final["answered"]
+        assert killed <= final["cached"] <= killed + KILLS, (killed, final)

@@ -133,29 +133,3 @@ def test_the_student_version_points_at_the_run_and_lets_exercises_raise(tmp_path
     assert stubbed and all("raises-exception" in c.metadata["tags"] for c in stubbed)
     assert all("raises-exception" not in c.metadata.get("tags", []) for c in notebook.cells if c not in stubbed)
     assert not os.path.isabs("../run")
-
-
-def test_student_version_never_overwrites_a_students_notebook(tmp_path, capsys):
-    """Into a folder holding an edited notebook: refused (exit 2, the notebooks named, nothing written); --update
-    writes only the absent notebooks; --force replaces them and keeps each old one as .bak."""
-    out = tmp_path / "student"
-    assert cli_main(["student-version", "--out", str(out)]) == 0
-    edited = out / "02_abstraction.ipynb"
-    edited.write_text(edited.read_text().replace("YOUR ANSWER HERE", "my own answer"))
-    mine = edited.read_text()
-    (out / "04_losses.ipynb").unlink()
-    capsys.readouterr()
-
-    assert cli_main(["student-version", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "02_abstraction.ipynb" in err and "nothing was written" in err and "--update" in err
-    assert edited.read_text() == mine and not (out / "04_losses.ipynb").exists()
-
-    assert cli_main(["student-version", "--out", str(out), "--update"]) == 0
-    assert edited.read_text() == mine and (out / "04_losses.ipynb").is_file()
-    assert not list(out.glob("*.bak"))
-
-    assert cli_main(["student-version", "--out", str(out), "--force"]) == 0
-    assert (out / "02_abstraction.ipynb.bak").read_text() == mine
-    assert "my own answer" not in edited.read_text()
-    assert len(list(out.glob("*.ipynb.bak"))) == 10

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -21,6 +22,7 @@ import nbformat
 from cglib.pipeline import (
     ALLOWED_TO_RAISE,  # Jupyter's tag for a cell that may raise: Run All goes on past it
 )
+from cglib.user_files import UserFilesInTheWay, existing_targets, keep_backup, names
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
@@ -123,46 +125,61 @@ def with_run(notebook: nbformat.NotebookNode, params_path: str | None, run_dir: 
     return notebook
 
 
-class WouldOverwrite(FileExistsError):
-    """The student version would replace notebooks already in its folder (a student's work)."""
+@dataclass
+class StudentVersion:
+    """What `write_student_version` did: the notebooks written, those it left as they were (present with `update`,
+    or already identical to the student version), the backups of those it replaced (`force`), and the written
+    notebooks that hold exercises."""
+
+    written: list[Path] = field(default_factory=list)
+    left: list[Path] = field(default_factory=list)
+    backups: list[Path] = field(default_factory=list)
+    with_exercises: list[Path] = field(default_factory=list)
 
 
 def write_student_version(notebooks: str | Path, out: str | Path, params_path: str | None = None,
-                          run_dir: str | None = None, existing: str = "refuse") -> list[Path]:
+                          run_dir: str | None = None, force: bool = False, update: bool = False) -> StudentVersion:
     """Write the student version of every notebook of the folder `notebooks` into `out` (the same file names; a
     notebook without exercises is copied with its outputs cleared, so the series stays whole), their parameters
-    cells pointing at `params_path` and `run_dir` when given (`with_run`). Returns the paths of the notebooks
-    written that hold exercises.
+    cells pointing at `params_path` and `run_dir` when given (`with_run`).
 
-    A notebook already in `out` may hold a student's work, so `existing` says what happens to it: "refuse" (the
-    default) writes nothing and raises WouldOverwrite naming them, "update" writes only the notebooks that are
-    absent, "force" replaces them, keeping each replaced one as NAME.ipynb.bak."""
-    if existing not in ("refuse", "update", "force"):
-        raise ValueError(f"existing must be refuse, update or force, got {existing!r}")
+    A notebook already in `out` is a student's work: it is never replaced silently. By default the call refuses
+    (UserFilesInTheWay, naming the notebooks) before writing anything, unless each such notebook is exactly the
+    student version it would write; `update` writes only the notebooks absent from `out`; `force` replaces them,
+    each kept first as `NAME.ipynb.bak` (`.bak2`, ... when earlier backups exist)."""
+    if force and update:
+        raise ValueError("--force replaces the notebooks already in the folder and --update leaves them: choose one")
     notebooks, out = Path(notebooks), Path(out)
     sources = sorted(notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebooks}; pass the notebooks folder")
     if out.resolve() == notebooks.resolve():
         raise ValueError(f"the student version would overwrite the solutions in {notebooks}; choose another --out")
-    present = [source.name for source in sources if (out / source.name).exists()]
-    if present and existing == "refuse":
-        raise WouldOverwrite(f"{out} already holds {len(present)} of these notebooks ({', '.join(present)}), which "
-                             "may hold a student's work; nothing was written. --update writes only the absent "
-                             "notebooks, --force replaces them and keeps each old one as NAME.ipynb.bak")
-    out.mkdir(parents=True, exist_ok=True)
     # relative to the notebooks' folder, where a kernel (JupyterLab, papermill) starts: the folders can move together
     params_path, run_dir = (None if p is None else os.path.relpath(os.path.abspath(p), os.path.abspath(out))
                             for p in (params_path, run_dir))
-    with_exercises = []
+    versions = {}
     for source in sources:
         notebook = nbformat.read(source, as_version=4)
-        target = out / source.name
-        if source.name in present:
-            if existing == "update":
-                continue
-            target.replace(target.with_name(target.name + ".bak"))
-        nbformat.write(with_run(student_notebook(notebook, name=source.name), params_path, run_dir), target)
-        if has_solution(notebook):
-            with_exercises.append(target)
-    return with_exercises
+        text = nbformat.writes(with_run(student_notebook(notebook, name=source.name), params_path, run_dir))
+        versions[out / source.name] = (text if text.endswith("\n") else text + "\n", has_solution(notebook))
+    existing = existing_targets(list(versions))
+    present = [path for path in existing if path.read_text(encoding="utf-8", errors="replace") != versions[path][0]]
+    if present and not (force or update):
+        raise UserFilesInTheWay(
+            f"{out} already holds {len(present)} of these notebooks, which differ from the student version "
+            f"({names(present)}): a student's work would be lost. Nothing was written. Pass --update to write only "
+            "the notebooks that are absent, or --force to replace them (each kept first as NAME.ipynb.bak)")
+    done = StudentVersion()
+    out.mkdir(parents=True, exist_ok=True)
+    for path, (text, exercises) in versions.items():
+        if path in existing and (update or path not in present):  # kept, or already this very notebook
+            done.left.append(path)
+            continue
+        if path in present:
+            done.backups.append(keep_backup(path))
+        path.write_text(text, encoding="utf-8")
+        done.written.append(path)
+        if exercises:
+            done.with_exercises.append(path)
+    return done

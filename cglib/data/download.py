@@ -1,19 +1,28 @@
 """Fetch the real data (COCO 2017 captions and images, HierarCaps) for users with internet access.
 
 `download` is resumable (HTTP Range on a `.part` file, restarting when a server ignores Range), retries
-dropped connections, verifies a checksum when one is known, and renames atomically at the end, so a file
-under its final name is always complete. `download_named(name, dest)` fetches one entry of
-`NAMED_DOWNLOADS` (what `cglib download NAME --dest DIR` runs).
+dropped connections, and verifies the file under its temporary name before it renames it atomically, so a file
+under its final name is always complete and checked: its size and checksums where they are pinned, and its
+structure (`check`: a zip that opens and holds its members, a gzip that decompresses, a JPEG image). A file that
+fails is deleted and the error (BadDownload) says in one line what was wrong: truncated, not a zip, a missing
+member, a checksum mismatch. A file already in place is verified the same way and fetched again when it fails.
+`download_named(name, dest, urls)` fetches one entry of `NAMED_DOWNLOADS` (what `cglib download NAME --dest DIR`
+runs); each of its files comes from a source with a name (`RemoteFile.source`), whose URL a mirror or an offline
+copy can replace: `urls` (`--url SOURCE=URL`) or the environment variable `CGLIB_URL_<SOURCE>` (upper case, `-`
+as `_`). A URL may be a local path or `file://` URL (an offline copy), verified as a download is.
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import logging
 import os
 import shutil
 import time
 import zipfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +44,12 @@ class DownloadError(RuntimeError):
     """A download failed for good (HTTP error, or the connection kept dropping after all retries)."""
 
 
-class ChecksumError(ValueError):
+class BadDownload(DownloadError):
+    """A fetched file failed its verification (truncated, not the archive it should be, a member missing, a
+    checksum mismatch); the file has been deleted."""
+
+
+class ChecksumError(BadDownload, ValueError):
     """A downloaded file's digest differs from the expected one (the file has been deleted)."""
 
 
@@ -51,6 +65,92 @@ def _checksum_problem(path: Path, sha256: str | None, md5: str | None) -> str | 
             if actual != expected.lower():
                 return f"{algorithm} mismatch: expected {expected.lower()}, got {actual}"
     return None
+
+
+def _size_problem(path: Path, size_bytes: int | None) -> str | None:
+    """None when the file has the pinned size (or none is pinned), else what is wrong with it."""
+    if size_bytes is None:
+        return None
+    size = path.stat().st_size
+    if size < size_bytes:
+        return f"truncated: {size:,} of {size_bytes:,} bytes"
+    if size > size_bytes:
+        return f"{size:,} bytes where {size_bytes:,} are expected: not the file this download names"
+    return None
+
+
+def _looks_like(path: Path) -> str:
+    """What a file that should be an archive or an image seems to be instead, from its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "an empty file"
+    if head.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")):
+        return "an HTML page (a server's error or login page?)"
+    return f"a file beginning with {head[:8]!r}"
+
+
+def zip_problem(path: Path, members: tuple[str, ...] = ()) -> str | None:
+    """None when `path` is a zip whose directory reads and that holds every one of `members`, else what is wrong
+    (its central directory is read, not every member's bytes: cheap on an 18 GiB archive)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+    except zipfile.BadZipFile:
+        with open(path, "rb") as f:
+            zip_start = f.read(4) == b"PK\x03\x04"
+        if zip_start:
+            return f"truncated: a zip archive cut before its end ({path.stat().st_size:,} bytes, no central directory)"
+        return f"not a zip archive: it is {_looks_like(path)}"
+    missing = [m for m in members if m not in names and not any(n.startswith(m.rstrip("/") + "/") for n in names)]
+    if missing:
+        return f"a zip without the member {missing[0]}: not the archive this download names"
+    return None
+
+
+def gzip_problem(path: Path) -> str | None:
+    """None when `path` decompresses as gzip to its end, else what is wrong."""
+    try:
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except EOFError:
+        return f"truncated: a gzip file cut before its end ({path.stat().st_size:,} bytes)"
+    except (OSError, zlib.error) as exc:
+        return f"not a gzip file ({exc}): it is {_looks_like(path)}"
+    return None
+
+
+def jpeg_problem(path: Path) -> str | None:
+    """None when `path` begins and ends as a JPEG image does, else what it is instead."""
+    with open(path, "rb") as f:
+        head = f.read(3)
+        f.seek(max(0, path.stat().st_size - 2))
+        tail = f.read(2)
+    if head != b"\xff\xd8\xff":
+        return f"not a JPEG image: it is {_looks_like(path)}"
+    if tail != b"\xff\xd9":
+        return "truncated: a JPEG image cut before its end"
+    return None
+
+
+def _problem(path: Path, size_bytes: int | None, sha256: str | None, md5: str | None,
+             check: Callable[[Path], str | None] | None) -> tuple[type[BadDownload], str] | None:
+    """The first thing wrong with a fetched file, with the error it raises: its structure (`check`: it says best
+    what a wrong file is, an HTML page or a cut archive), its size, then its checksums; None when it passes."""
+    problem = (check(path) if check is not None else None) or _size_problem(path, size_bytes)
+    if problem is not None:
+        return BadDownload, problem
+    problem = _checksum_problem(path, sha256, md5)
+    return None if problem is None else (ChecksumError, problem)
+
+
+def _copy_local(url: str, part: Path) -> None:
+    """An offline copy (a path or a file:// URL) copied to the temporary name, to be verified as a download."""
+    source = Path(url.removeprefix("file://"))
+    if not source.is_file():
+        raise DownloadError(f"{source} not found: the offline copy named for this download does not exist")
+    shutil.copyfile(source, part)
 
 
 def _transfer(client: httpx.Client, url: str, part: Path, progress: bool, label: str) -> None:
@@ -95,31 +195,51 @@ def _transfer(client: httpx.Client, url: str, part: Path, progress: bool, label:
 
 
 def download(url: str, dest: str | Path, sha256: str | None = None, md5: str | None = None,
-             progress: bool = True, retries: int = 3, timeout: float = 60.0, backoff_s: float = 1.0) -> Path:
-    """Download `url` to `dest` (a file, or a folder to keep the URL's file name); resumable and checksummed.
+             progress: bool = True, retries: int = 3, timeout: float = 60.0, backoff_s: float = 1.0,
+             size_bytes: int | None = None, check: Callable[[Path], str | None] | None = None) -> Path:
+    """Download `url` to `dest` (a file, or a folder to keep the URL's file name); resumable and verified.
 
-    Bytes go to `dest.part` and are renamed to `dest` only when complete and matching the given checksum;
-    a dropped connection is retried `retries` times, each resuming where it stopped.
+    Bytes go to `dest.part` and are renamed to `dest` only when complete and verified (`size_bytes`, the given
+    checksums, then `check(path)`: None or what is wrong); a dropped connection is retried `retries` times, each
+    resuming where it stopped. A file that fails verification is deleted (BadDownload, ChecksumError for a
+    checksum). A file already at `dest` is verified the same way and fetched again when it fails. `url` may be a
+    local path or a file:// URL (an offline copy): it is copied, then verified.
     """
     dest = Path(dest)
     if dest.is_dir():
         dest = dest / url.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.is_file():
-        problem = _checksum_problem(dest, sha256, md5)
-        if problem is None:
-            logger.info("%s already present%s", dest, " (checksum ok)" if sha256 or md5 else "")
+        found = _problem(dest, size_bytes, sha256, md5, check)
+        if found is None:
+            logger.info("%s already present (verified)", dest)
             return dest
-        logger.warning("%s exists but %s; downloading it again", dest, problem)
+        logger.warning("%s exists but fails its check (%s); downloading it again", dest, found[1])
         dest.unlink()
+    part = dest.with_name(dest.name + ".part")
+    if "://" not in url or url.startswith("file://"):
+        _copy_local(url, part)
+    else:
+        _fetch(url, part, dest.name, progress, retries, timeout, backoff_s)
+    found = _problem(part, size_bytes, sha256, md5, check)
+    if found is not None:
+        part.unlink()
+        error, problem = found
+        raise error(f"{url}: {problem}; the download was deleted (a damaged transfer, a changed file on the "
+                    "server, or the wrong URL): run again, or check the URL")
+    os.replace(part, dest)  # atomic: `dest` never names a partial or unverified file
+    return dest
+
+
+def _fetch(url: str, part: Path, label: str, progress: bool, retries: int, timeout: float, backoff_s: float) -> None:
+    """GET `url` into `part`, resuming from its current size, retrying dropped connections."""
     import httpx  # lazy: httpx takes ~0.4 s to import; cglib --help and validate import this module
 
-    part = dest.with_name(dest.name + ".part")
     with httpx.Client(follow_redirects=True, timeout=timeout, headers={"User-Agent": USER_AGENT}) as client:
         for attempt in range(retries + 1):
             try:
-                _transfer(client, url, part, progress, dest.name)
-                break
+                _transfer(client, url, part, progress, label)
+                return
             except (httpx.TransportError, _Incomplete) as exc:
                 kept = part.stat().st_size if part.exists() else 0
                 if attempt == retries:
@@ -128,13 +248,6 @@ def download(url: str, dest: str | Path, sha256: str | None = None, md5: str | N
                 logger.warning("%s: attempt %d failed (%s); resuming from byte %d", url, attempt + 1, exc,
                                kept)
                 time.sleep(backoff_s * 2**attempt)
-    problem = _checksum_problem(part, sha256, md5)
-    if problem is not None:
-        part.unlink()
-        raise ChecksumError(f"{url}: {problem}; the download was deleted (a corrupted transfer or a changed "
-                            "file on the server): run again, or check the URL")
-    os.replace(part, dest)  # atomic: `dest` never names a partial file
-    return dest
 
 
 def _extracted_marker(archive_name: str, dest_dir: Path) -> Path:
@@ -167,20 +280,28 @@ def extract_zip(archive: str | Path, dest_dir: str | Path, progress: bool = True
 
 
 def download_hierarcaps_images(csv_path: str | Path, dest_dir: str | Path, workers: int = 8,
-                               progress: bool = True, retries: int = 3, backoff_s: float = 1.0) -> Path:
-    """Fetch every `image_url` of a HierarCaps CSV into `dest_dir` (files already there are kept)."""
+                               progress: bool = True, retries: int = 3, backoff_s: float = 1.0,
+                               base_url: str | None = None) -> Path:
+    """Fetch every `image_url` of a HierarCaps CSV into `dest_dir`; each must be a whole JPEG image (files already
+    there are kept when they are, fetched again when not). `base_url`: a mirror of the images' folder (each image
+    is then fetched from `base_url/<file name>`)."""
     from cglib.data.hierarcaps import read_csv_rows  # lazy: numpy, PIL; cglib --help imports this module
 
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     urls = sorted({row["image_url"].strip() for row in read_csv_rows(Path(csv_path)) if row["image_url"]})
-    todo = [u for u in urls if not (dest_dir / u.rsplit("/", 1)[-1]).is_file()]
+    if base_url:
+        urls = [f"{base_url.rstrip('/')}/{url.rsplit('/', 1)[-1]}" for url in urls]
+
+    def target(url: str) -> Path:
+        return dest_dir / url.rsplit("/", 1)[-1]
+
+    todo = [u for u in urls if not target(u).is_file() or jpeg_problem(target(u)) is not None]
 
     def fetch(url: str) -> str | None:
         try:
-            download(url, dest_dir / url.rsplit("/", 1)[-1], progress=False, retries=retries,
-                     backoff_s=backoff_s)
-        except (DownloadError, ChecksumError) as exc:
+            download(url, target(url), progress=False, retries=retries, backoff_s=backoff_s, check=jpeg_problem)
+        except DownloadError as exc:
             return str(exc)
         return None
 
@@ -231,62 +352,96 @@ def hierarcaps_captions(csv_path: str | Path, annotations_zip: str | Path, out_j
     return out_json
 
 
-def _hierarcaps_1k(dest: Path, progress: bool) -> None:
+COCO_VAL2014_IMAGES = "coco-val2014-images"  # the source of the HierarCaps CSV's image URLs
+
+
+def _hierarcaps_images(dest: Path, progress: bool, urls: dict[str, str]) -> None:
+    """The last step of `cglib download hierarcaps-images`: the CSV's images."""
+    download_hierarcaps_images(dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress,
+                               base_url=urls.get(COCO_VAL2014_IMAGES))
+
+
+def _hierarcaps_1k(dest: Path, progress: bool, urls: dict[str, str]) -> None:
     """The last step of `cglib download hierarcaps-1k`: the CSV's images, then their COCO captions."""
-    download_hierarcaps_images(dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress)
+    _hierarcaps_images(dest, progress, urls)
     hierarcaps_captions(dest / "hierarcaps_test.csv", dest / COCO_ANNOTATIONS_2014.file_name,
                         dest / "coco_captions_hc1k.json")
 
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """A file to fetch: its URL, its name in the destination folder, checksums, and whether to unzip it."""
+    """A file to fetch: the name of its source (what `--url SOURCE=URL` and `CGLIB_URL_<SOURCE>` replace), its
+    URL, its name in the destination folder, its pinned size and checksums (None: not known here), an estimate of
+    its size for the free-space warning, whether to unzip it, and what it must be: `kind` zip (holding
+    `members`, a file or a folder each) or gzip, checked before it is moved into place."""
 
+    source: str
     url: str
     file_name: str
     md5: str | None = None
     sha256: str | None = None
     size_bytes: int | None = None
+    about_bytes: int | None = None
     extract: bool = False
+    kind: str | None = None
+    members: tuple[str, ...] = ()
+
+    def check(self) -> Callable[[Path], str | None] | None:
+        """The structural check of this file (None: only its size and checksums are verified)."""
+        if self.kind == "zip":
+            return functools.partial(zip_problem, members=self.members)
+        if self.kind == "gzip":
+            return gzip_problem
+        return None
 
 
 @dataclass(frozen=True)
 class NamedDownload:
-    """One `cglib download NAME`: the files, what to return (relative to dest), and an optional last step."""
+    """One `cglib download NAME`: the files, what to return (relative to dest), an optional last step and the
+    sources it fetches from (besides the files')."""
 
     description: str
     files: tuple[RemoteFile, ...]
     outputs: tuple[str, ...]
-    then: Callable[[Path, bool], object] | None = None  # called as then(dest, progress)
+    then: Callable[[Path, bool, dict[str, str]], object] | None = None  # then(dest, progress, mirror urls)
+    then_sources: tuple[str, ...] = ()
+
+    def sources(self) -> list[str]:
+        return [f.source for f in self.files] + list(self.then_sources)
 
 
 COCO_ANNOTATIONS = RemoteFile(
-    "http://images.cocodataset.org/annotations/annotations_trainval2017.zip", "annotations_trainval2017.zip",
-    md5="f4bbac642086de4f52a3fdda2de5fa2c", size_bytes=252_907_541, extract=True)
+    "coco-annotations-2017", "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
+    "annotations_trainval2017.zip", md5="f4bbac642086de4f52a3fdda2de5fa2c", size_bytes=252_907_541, extract=True,
+    kind="zip", members=("annotations/captions_train2017.json", "annotations/captions_val2017.json"))
 COCO_TRAIN_IMAGES = RemoteFile(
-    "http://images.cocodataset.org/zips/train2017.zip", "train2017.zip",
-    md5="cced6f7f71b7629ddf16f17bbcfab6b2", size_bytes=19_336_861_798, extract=True)
+    "coco-train2017", "http://images.cocodataset.org/zips/train2017.zip", "train2017.zip",
+    md5="cced6f7f71b7629ddf16f17bbcfab6b2", size_bytes=19_336_861_798, extract=True, kind="zip",
+    members=("train2017",))
 COCO_VAL_IMAGES = RemoteFile(
-    "http://images.cocodataset.org/zips/val2017.zip", "val2017.zip",
-    md5="442b8da7639aecaf257c1dceb8ba8c80", size_bytes=815_585_330, extract=True)
+    "coco-val2017", "http://images.cocodataset.org/zips/val2017.zip", "val2017.zip",
+    md5="442b8da7639aecaf257c1dceb8ba8c80", size_bytes=815_585_330, extract=True, kind="zip", members=("val2017",))
+COCO_VAL2014_CAPTIONS_MEMBER = "annotations/captions_val2014.json"
 # HierarCaps' test images are COCO val2014 photos, so their captions are in COCO's 2014 annotations. COCO publishes
-# no checksum and none has been recorded here yet: the zip is checked by reading captions_val2014.json from it.
+# no checksum and none has been recorded here yet: the zip is checked by its structure (it must hold
+# captions_val2014.json), and its size is an estimate for the free-space warning only.
 COCO_ANNOTATIONS_2014 = RemoteFile(
-    "http://images.cocodataset.org/annotations/annotations_trainval2014.zip", "annotations_trainval2014.zip",
-    size_bytes=252_000_000)  # about: for the free-space warning only
+    "coco-annotations-2014", "http://images.cocodataset.org/annotations/annotations_trainval2014.zip",
+    "annotations_trainval2014.zip", about_bytes=252_000_000, kind="zip", members=(COCO_VAL2014_CAPTIONS_MEMBER,))
 # Pinned to a commit of the authors' repository (github.com/TAU-VAILab/hierarcaps, formerly
 # morrisalp/hierarcaps); the sha256 is that of the 1,000-row test CSV published there.
 HIERARCAPS_COMMIT = "8a28b2e5124b68827bb1486c6d307fa22f0015e2"
 HIERARCAPS_CSV = RemoteFile(
+    "hierarcaps-test-csv",
     f"https://raw.githubusercontent.com/TAU-VAILab/hierarcaps/{HIERARCAPS_COMMIT}/data/hierarcaps_test.csv",
     "hierarcaps_test.csv", sha256="3474564194fd2a85e1d8f4dbe6e040c795e94677b2982cfb161b14908cae33b0",
     size_bytes=196_471)
 # The ~70k train hierarchies of the Radial Embedding objective (cglib.radial), from the authors' Hugging Face
-# dataset repo. No checksum is published and none has been recorded here yet, so sha256/md5 stay None (the
-# file is not verified; `main` is not pinned to a revision either).
+# dataset repo. No checksum is published and none has been recorded here yet, so sha256/md5 stay None: the file is
+# checked by its structure only (a gzip that decompresses to its end); `main` is not pinned to a revision either.
 HIERARCAPS_TRAIN = RemoteFile(
-    "https://huggingface.co/datasets/tau-vailab/HierarCaps/resolve/main/hierarcaps_train.csv.gz",
-    "hierarcaps_train.csv.gz")
+    "hierarcaps-train", "https://huggingface.co/datasets/tau-vailab/HierarCaps/resolve/main/hierarcaps_train.csv.gz",
+    "hierarcaps_train.csv.gz", kind="gzip")
 
 NAMED_DOWNLOADS: dict[str, NamedDownload] = {
     "coco-annotations": NamedDownload(
@@ -301,29 +456,50 @@ NAMED_DOWNLOADS: dict[str, NamedDownload] = {
         "HierarCaps 1K test CSV (192 KiB)", (HIERARCAPS_CSV,), ("hierarcaps_test.csv",)),
     "hierarcaps-images": NamedDownload(
         "HierarCaps CSV and its 1,000 COCO val2014 images from images.cocodataset.org (about 160 MiB)",
-        (HIERARCAPS_CSV,), ("hierarcaps_test.csv", "test_imgs"),
-        then=lambda dest, progress: download_hierarcaps_images(
-            dest / "hierarcaps_test.csv", dest / "test_imgs", progress=progress)),
+        (HIERARCAPS_CSV,), ("hierarcaps_test.csv", "test_imgs"), then=_hierarcaps_images,
+        then_sources=(COCO_VAL2014_IMAGES,)),
     "hierarcaps-1k": NamedDownload(
         "the hierarcaps profile's data: the HierarCaps 1K test CSV, its 1,000 COCO val2014 images (about 160 "
         "MiB) and their COCO captions (from COCO's 2014 annotations zip, 241 MiB, kept for resuming)",
         (HIERARCAPS_CSV, COCO_ANNOTATIONS_2014), ("hierarcaps_test.csv", "test_imgs", "coco_captions_hc1k.json"),
-        then=_hierarcaps_1k),
+        then=_hierarcaps_1k, then_sources=(COCO_VAL2014_IMAGES,)),
     "hierarcaps-train": NamedDownload(
         "HierarCaps train hierarchies for the RE baseline (gzip CSV from the authors' Hugging Face dataset, "
         "no checksum)", (HIERARCAPS_TRAIN,), ("hierarcaps_train.csv.gz",)),
 }
 
 
-def download_named(name: str, dest: str | Path, progress: bool = True,
-                   remove_archives: bool = False) -> list[Path]:
-    """Fetch the named data set into `dest` (zips are extracted there) and return its main paths."""
+def url_variable(source: str) -> str:
+    """The environment variable that replaces a source's URL: `CGLIB_URL_<SOURCE>`, upper case, `-` as `_`."""
+    return "CGLIB_URL_" + source.upper().replace("-", "_")
+
+
+def mirror_urls(name: str, urls: dict[str, str] | None = None) -> dict[str, str]:
+    """The URLs that replace the sources of download `name`: `urls` (`--url SOURCE=URL`) first, then the
+    environment's `CGLIB_URL_<SOURCE>`; a source the download does not fetch from is an error naming those it
+    does."""
+    sources = NAMED_DOWNLOADS[name].sources()
+    unknown = sorted(set(urls or {}) - set(sources))
+    if unknown:
+        raise ValueError(f"--url {unknown[0]}=...: {name} fetches no source {unknown[0]!r}; its sources are "
+                         f"{', '.join(sources)}")
+    found = {s: os.environ[url_variable(s)] for s in sources if os.environ.get(url_variable(s))}
+    return {**found, **(urls or {})}
+
+
+def download_named(name: str, dest: str | Path, progress: bool = True, remove_archives: bool = False,
+                   urls: dict[str, str] | None = None) -> list[Path]:
+    """Fetch the named data set into `dest` (zips are extracted there) and return its main paths; `urls` replace
+    the URLs of its sources (`mirror_urls`). Each file is verified before it is moved into place (BadDownload,
+    the file deleted, when it fails)."""
     if name not in NAMED_DOWNLOADS:
         raise ValueError(f"unknown download {name!r}; choose one of: {', '.join(NAMED_DOWNLOADS)}")
     entry, dest = NAMED_DOWNLOADS[name], Path(dest)
+    mirrors = mirror_urls(name, urls)
     dest.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest).free
-    needed = sum(2 * f.size_bytes if f.extract else f.size_bytes for f in entry.files if f.size_bytes)
+    sizes = [(f.size_bytes or f.about_bytes, f.extract) for f in entry.files]
+    needed = sum(2 * size if extract else size for size, extract in sizes if size)
     if needed > free:
         logger.warning("%s needs about %.1f GiB in %s but only %.1f GiB are free", name, needed / 2**30, dest,
                        free / 2**30)
@@ -331,14 +507,17 @@ def download_named(name: str, dest: str | Path, progress: bool = True,
         if remote.extract and _extracted_marker(remote.file_name, dest).is_file():
             logger.info("%s already downloaded and extracted into %s", remote.file_name, dest)
             continue
-        path = download(remote.url, dest / remote.file_name, sha256=remote.sha256, md5=remote.md5,
-                        progress=progress)
+        url = mirrors.get(remote.source, remote.url)
+        if url != remote.url:
+            logger.info("%s: from %s (instead of %s)", remote.source, url, remote.url)
+        path = download(url, dest / remote.file_name, sha256=remote.sha256, md5=remote.md5, progress=progress,
+                        size_bytes=remote.size_bytes, check=remote.check())
         if remote.extract:
             extract_zip(path, dest, progress=progress)
             if remove_archives:
                 path.unlink()
     if entry.then is not None:
-        entry.then(dest, progress)
+        entry.then(dest, progress, mirrors)
     outputs = [dest / out for out in entry.outputs]
     missing = [str(p) for p in outputs if not p.exists()]
     if missing:

@@ -12,9 +12,9 @@ tokens, cost, cache hits, failures by reason, few-shot copies, provenance), cach
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 from cglib.config import Params
 from cglib.data.dataset import CaptionDataset
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
+from cglib.llm.attempts import AttemptLog
 from cglib.llm.base import (
     Backend,
     BudgetExceededError,
@@ -44,11 +45,10 @@ from cglib.llm.cost import (
 )
 from cglib.llm.offline_backend import OfflineBackend, OracleBackend
 from cglib.llm.openai_backend import OpenAIBackend
-from cglib.run import own_copy, provenance, write_json
+from cglib.run import provenance, write_json
 
 CHAINS_FILE = "chains.jsonl"
 SUMMARY_FILE = "summary.json"
-ATTEMPTS_FILE = "attempts.jsonl"
 # failure reasons of the request that met a stop (the run's end, not the image's answer)
 STOP_REASONS = (FatalBackendError.reason, QuotaExhaustedError.reason, BudgetExceededError.reason)
 ORACLE_NOTE = ("oracle backend: chains are the synthetic world's ground truth, not inferred from captions; "
@@ -147,14 +147,16 @@ def _progress(total: int, desc: str, enabled: bool):
 
 async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stats: Stats, kind: str,
                   retry_failed: bool = False, desc: str = "", progress: bool = False,
-                  budget: Budget | None = None) -> list[Outcome]:
+                  budget: Budget | None = None, on_progress: Callable[[], None] | None = None) -> list[Outcome]:
     """Outcome of every task, in order: cache hits first, then the backend for the rest (results cached as
     they arrive). Identical requests are sent once. With a `budget` (llm.max_cost_usd) the backend stops
     sending before the spend would pass it: every answer so far is cached, then BudgetExceededError.
 
     Every task is counted in `stats` where its outcome arrives. When the run stops (FatalBackendError, the
     budget included) the tasks never sent are counted as never asked, and the exception carries `outcomes`:
-    the outcome of every task, None for those never asked, so the caller keeps what was answered."""
+    the outcome of every task, None for those never asked, so the caller keeps what was answered. `on_progress()`
+    is called after the cache lookups and after every outcome is counted (the attempt's record, attempts.py)."""
+    on_progress = on_progress or (lambda: None)
     jobs: dict[str, Job] = {}
     keys: list[str] = []
     for task in tasks:
@@ -178,6 +180,7 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
                     stats.failures[hit.reason] += n
                 stats.cached_input_tokens += hit.input_tokens
                 stats.cached_output_tokens += hit.output_tokens
+        on_progress()
     misses = [job for key, job in jobs.items() if key not in outcomes]
     stats.cache_misses += sum(len(j.tasks) for j in misses)
     bar = _progress(sum(len(j.tasks) for j in misses), desc, progress and bool(misses))
@@ -199,6 +202,7 @@ async def execute(backend: Backend, cache: ResultCache | None, tasks: list, stat
         else:
             stats.sent_failures[outcome.reason] += n
             stats.failures[outcome.reason] += n
+        on_progress()
         bar.update(n)
 
     backend.budget = budget
@@ -244,6 +248,12 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
     l_max = params.magic.l_max
     out_dir = run_dir / "abstraction"
     stats = Stats()
+    # on record from its start, updated after every answer: a killed attempt keeps what it got (attempts.py)
+    log = AttemptLog(out_dir, {**attempt, "cache": str(cache_path(params, run_dir)) if backend.cacheable else None})
+
+    def record_progress() -> None:
+        log.update(progress_record(stats, params, backend))
+
     chains: dict[str, list[str]] = {i: [] for i in dataset.image_ids}
     failures: dict[str, Failure] = {}
     estimate = None
@@ -276,7 +286,8 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
             tasks = [ConceptTask(i, level, tuple(dataset.captions[i]), tuple(chains[i])) for i in active]
             try:
                 outcomes = await execute(backend, cache, tasks, stats, "concept", params.llm.retry_failed,
-                                         desc=f"level {level}/{l_max}", progress=progress, budget=budget)
+                                         desc=f"level {level}/{l_max}", progress=progress, budget=budget,
+                                         on_progress=record_progress)
             except FatalBackendError as exc:
                 _keep(tasks, exc.outcomes or [], chains, failures, stats, l_max)
                 raise
@@ -290,7 +301,13 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
         stopped_by = "llm.max_cost_usd" if isinstance(exc, BudgetExceededError | BudgetRefusedError) else exc.reason
         summary.update(status="stopped", error=str(exc), cache_rebuilt=rebuilt,
                        account=_account(stats, dataset, params, backend, estimate, "stopped", stopped_by))
-        _record_attempt(out_dir, summary, attempt, chains_written=False)
+        _record_attempt(log, out_dir, summary, attempt, chains_written=False)
+        raise
+    except BaseException as exc:  # Ctrl-C, or an error of the engine itself: the record says so, then it goes on
+        log.update(progress_record(stats, params, backend))
+        log.finish({**attempt, "ended": _now(), "chains_written": False, "chains": None,
+                    "status": "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                    "error": f"{type(exc).__name__}: {exc}"})
         raise
     finally:
         if cache is not None:
@@ -301,7 +318,7 @@ async def _run_levels(dataset: CaptionDataset, params: Params, run_dir: Path, ba
     summary.update(cache_rebuilt=rebuilt,
                    account=_account(stats, dataset, params, backend, estimate, "complete"))
     write_chains(out_dir / CHAINS_FILE, dataset.image_ids, done, failures, backend)
-    _record_attempt(out_dir, summary, attempt, chains_written=True)
+    _record_attempt(log, out_dir, summary, attempt, chains_written=True)
     return AbstractionResult(chains=done, failures=failed, summary=summary)
 
 
@@ -339,31 +356,24 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _record_attempt(out_dir: Path, summary: dict[str, Any], attempt: dict[str, Any], chains_written: bool) -> None:
-    """summary.json of this attempt, and one line in attempts.jsonl (every attempt of the stage: when, how it
+def progress_record(stats: Stats, params: Params, backend: Backend) -> dict[str, Any]:
+    """What an attempt has got so far, as its running line in attempts.jsonl records it."""
+    return {"cached": stats.cache_hits, "cached_failures": stats.cache_failure_hits, "answered": stats.answered,
+            "failed": sum(stats.sent_failures.values()), "requests": stats.requests,
+            "input_tokens": stats.input_tokens, "output_tokens": stats.output_tokens,
+            "spent_usd": round(cost_usd(stats.input_tokens, stats.output_tokens, params.llm, backend.price_factor), 6)}
+
+
+def _record_attempt(log: AttemptLog, out_dir: Path, summary: dict[str, Any], attempt: dict[str, Any],
+                    chains_written: bool) -> None:
+    """summary.json of this attempt, and its final line in attempts.jsonl (every attempt of the stage: when, how it
     ended, whether it wrote chains.jsonl), so a summary never mixes this attempt with files of an earlier one."""
     attempt.update(ended=_now(), status=summary["status"], error=summary.get("error"),
                    chains_written=chains_written, chains=summary["chains"] if chains_written else None,
                    account=summary["account"])
     summary["attempt"] = {k: attempt[k] for k in ("started", "ended", "chains_written")}
     write_json(out_dir / SUMMARY_FILE, summary)
-    with own_copy(out_dir / ATTEMPTS_FILE).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(attempt, ensure_ascii=False) + "\n")
-
-
-def load_attempts(out_dir: Path) -> list[dict[str, Any]]:
-    """The stage's attempts, oldest first (attempts.jsonl; unreadable lines are skipped and counted as such)."""
-    path = Path(out_dir) / ATTEMPTS_FILE
-    rows: list[dict[str, Any]] = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                rows.append({"status": "unreadable line of attempts.jsonl"})
-    return rows
+    log.finish(attempt)
 
 
 def _summary(params: Params, backend: Backend, dataset: CaptionDataset, chains: dict[str, list[str]],

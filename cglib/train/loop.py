@@ -92,6 +92,7 @@ from cglib.run import (
 from cglib.train.base import train_base
 from cglib.train.batches import GroupBatchData
 from cglib.train.checkpoint import FINAL, INITIAL, text_keys
+from cglib.train.failures import clear_failure, record_failure
 from cglib.train.inputs import code_digests, model_image_size, run_entry, run_spec, torchrun_refusals
 from cglib.train.objectives import build_objective
 from cglib.train.runlog import LOG_COLUMNS
@@ -273,8 +274,15 @@ def train_all(run: RunContext, prepared: PreparedInputs, names: list[str] | None
             print(f"Training seed {k} ({position} of {len(seeds)}), in {seeded.training_dir.relative_to(run.dir)}:")
         ensure_initial(seeded, info, progress, prepared.base)
         for name in names:
-            out[seed_label(name, k)] = train_one(seeded, name, prepared=prepared, info=info, progress=progress,
-                                                 read_only=read_only)
+            try:
+                out[seed_label(name, k)] = train_one(seeded, name, prepared=prepared, info=info, progress=progress,
+                                                     read_only=read_only)
+            except Exception as exc:  # on record for the run's account (failures.py), then raised as it was
+                if info.is_main:
+                    record_failure(seeded.training_dir / name, name, k, exc)
+                raise
+            if info.is_main:
+                clear_failure(seeded.training_dir / name)
     return out
 
 

@@ -335,8 +335,10 @@ def replot_figures(figures_dir: str | Path, formats: Sequence[str] = ("png", "pd
             fig = replot(figures_dir / f"{stem}{SPEC_SUFFIX}")
             report.written += save_figure(fig, figures_dir, stem, formats=formats, dpi=dpi)
         except Exception as exc:  # noqa: BLE001 - one unreadable figure must not stop the others; reported below
-            report.failed[stem] = f"{type(exc).__name__}: {exc}"
-            _say(progress, f"FAILED {stem}: {type(exc).__name__}: {exc}")
+            kept = [f"{stem}.{fmt}" for fmt in formats if (figures_dir / f"{stem}.{fmt}").is_file()]
+            report.failed[stem] = f"{type(exc).__name__}: {exc}; " + (
+                f"the earlier {' and '.join(kept)} are kept as they were" if kept else "no earlier image of it exists")
+            _say(progress, f"FAILED {stem}: {report.failed[stem]}")
             continue
         plt.close(fig)
         report.seconds[stem] = round(time.perf_counter() - start, 2)

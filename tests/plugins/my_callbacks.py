@@ -86,3 +86,10 @@ class StopWhenFlat(Callback):
         losses = state.epoch_losses  # a tuple: the state is read-only
         if state.phase == "train" and len(losses) >= 2 and losses[-1] > 0.99 * losses[-2]:
             control.stop(f"epoch {state.epoch}: loss {losses[-1]:.4f} is flat")
+
+
+class FailsAtTrainBegin(Callback):
+    """Raises in its first hook: the run fails before its first step (tests/test_failed_run_account.py)."""
+
+    def on_train_begin(self, state, control):
+        raise RuntimeError("this callback refuses to start")
