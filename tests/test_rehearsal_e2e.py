@@ -28,6 +28,9 @@ from cglib.pipeline import default_notebook_dir, discover_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_KEY = "sk-rehearsal-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+# Notebooks 00-07: the paper's pipeline. 08 (the search) and 09 (your own objective) change no paper number; on the
+# paper's model they cost this test 290 of its 890 s, and the classroom run and tests/test_search.py run their code.
+REHEARSED = ["00", "01", "02", "03", "04", "05", "06", "07"]
 
 
 def _data_overrides(tmp_path: Path) -> dict:
@@ -53,7 +56,7 @@ def rehearsal_run(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module) 
         params_path.parent.mkdir()
         params_path.write_text(yaml.safe_dump(params), encoding="utf-8")
         out = tmp_path / "run"
-        code = cli_main(["run", str(params_path), "--out", str(out)])
+        code = cli_main(["run", str(params_path), "--out", str(out), "--only", ",".join(REHEARSED)])
         assert code == 0, (out / "run.json").read_text() if (out / "run.json").is_file() else code
     return out, params, server
 
@@ -66,11 +69,12 @@ def monkeypatch_module():
 
 @pytest.mark.slow
 def test_every_notebook_runs_and_magic_has_per_level_captions(rehearsal_run):
-    """Every notebook of the series finishes; magic.json is valid and every image has its own generalized captions,
+    """Every rehearsed notebook of the series finishes; magic.json is valid and every image has its own generalized captions,
     one per level as published (generate_new_caption.py)."""
     out, _, _ = rehearsal_run
     manifest = json.loads((out / "run.json").read_text())
-    assert [n["name"] for n in manifest["notebooks"]] == [p.name for p in discover_notebooks(default_notebook_dir())]
+    assert [n["name"] for n in manifest["notebooks"]] == [p.name for p in discover_notebooks(default_notebook_dir())
+                                                          if p.name[:2] in REHEARSED]
     assert all(n["status"] == "ok" for n in manifest["notebooks"]), manifest["notebooks"]
     magic = load_magic(out / "magic" / "magic.json")
     assert magic.generalize == "level"
