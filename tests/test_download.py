@@ -24,7 +24,6 @@ from cglib.config import load_params
 from cglib.data import download as dl
 from cglib.data.download import (
     NAMED_DOWNLOADS,
-    ChecksumError,
     DownloadError,
     NamedDownload,
     RemoteFile,
@@ -32,9 +31,10 @@ from cglib.data.download import (
     download_hierarcaps_images,
     download_named,
     extract_zip,
-    file_digest,
 )
 from cglib.data.hierarcaps_train import load_hierarcaps_train
+from cglib.data.verify import ChecksumError
+from cglib.run import file_digest
 
 PAYLOAD = random.Random(0).randbytes(300_000)  # not a multiple of the 1 MiB chunk, nor of anything else
 

@@ -15,22 +15,26 @@ as `_`). A URL may be a local path or `file://` URL (an offline copy), verified 
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 import logging
 import os
 import shutil
 import time
 import zipfile
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cglib.data.verify import (
+    DownloadError,
+    file_problem,
+    gzip_problem,
+    jpeg_problem,
+    zip_problem,
+)
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
-from cglib.run import file_digest
 
 if TYPE_CHECKING:
     import httpx
@@ -40,109 +44,8 @@ logger = logging.getLogger(__name__)
 USER_AGENT = "cglib-download/0.1"
 
 
-class DownloadError(RuntimeError):
-    """A download failed for good (HTTP error, or the connection kept dropping after all retries)."""
-
-
-class BadDownload(DownloadError):
-    """A fetched file failed its verification (truncated, not the archive it should be, a member missing, a
-    checksum mismatch); the file has been deleted."""
-
-
-class ChecksumError(BadDownload, ValueError):
-    """A downloaded file's digest differs from the expected one (the file has been deleted)."""
-
-
 class _Incomplete(Exception):
     """The body ended before Content-Length bytes arrived (retried, resuming from the .part file)."""
-
-
-def _checksum_problem(path: Path, sha256: str | None, md5: str | None) -> str | None:
-    """None when the file matches every given checksum, else a message with both digests."""
-    for algorithm, expected in (("sha256", sha256), ("md5", md5)):
-        if expected is not None:
-            actual = file_digest(path, algorithm)
-            if actual != expected.lower():
-                return f"{algorithm} mismatch: expected {expected.lower()}, got {actual}"
-    return None
-
-
-def _size_problem(path: Path, size_bytes: int | None) -> str | None:
-    """None when the file has the pinned size (or none is pinned), else what is wrong with it."""
-    if size_bytes is None:
-        return None
-    size = path.stat().st_size
-    if size < size_bytes:
-        return f"truncated: {size:,} of {size_bytes:,} bytes"
-    if size > size_bytes:
-        return f"{size:,} bytes where {size_bytes:,} are expected: not the file this download names"
-    return None
-
-
-def _looks_like(path: Path) -> str:
-    """What a file that should be an archive or an image seems to be instead, from its first bytes."""
-    with open(path, "rb") as f:
-        head = f.read(512)
-    if not head:
-        return "an empty file"
-    if head.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")):
-        return "an HTML page (a server's error or login page?)"
-    return f"a file beginning with {head[:8]!r}"
-
-
-def zip_problem(path: Path, members: tuple[str, ...] = ()) -> str | None:
-    """None when `path` is a zip whose directory reads and that holds every one of `members`, else what is wrong
-    (its central directory is read, not every member's bytes: cheap on an 18 GiB archive)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-    except zipfile.BadZipFile:
-        with open(path, "rb") as f:
-            zip_start = f.read(4) == b"PK\x03\x04"
-        if zip_start:
-            return f"truncated: a zip archive cut before its end ({path.stat().st_size:,} bytes, no central directory)"
-        return f"not a zip archive: it is {_looks_like(path)}"
-    missing = [m for m in members if m not in names and not any(n.startswith(m.rstrip("/") + "/") for n in names)]
-    if missing:
-        return f"a zip without the member {missing[0]}: not the archive this download names"
-    return None
-
-
-def gzip_problem(path: Path) -> str | None:
-    """None when `path` decompresses as gzip to its end, else what is wrong."""
-    try:
-        with gzip.open(path, "rb") as f:
-            while f.read(1 << 20):
-                pass
-    except EOFError:
-        return f"truncated: a gzip file cut before its end ({path.stat().st_size:,} bytes)"
-    except (OSError, zlib.error) as exc:
-        return f"not a gzip file ({exc}): it is {_looks_like(path)}"
-    return None
-
-
-def jpeg_problem(path: Path) -> str | None:
-    """None when `path` begins and ends as a JPEG image does, else what it is instead."""
-    with open(path, "rb") as f:
-        head = f.read(3)
-        f.seek(max(0, path.stat().st_size - 2))
-        tail = f.read(2)
-    if head != b"\xff\xd8\xff":
-        return f"not a JPEG image: it is {_looks_like(path)}"
-    if tail != b"\xff\xd9":
-        return "truncated: a JPEG image cut before its end"
-    return None
-
-
-def _problem(path: Path, size_bytes: int | None, sha256: str | None, md5: str | None,
-             check: Callable[[Path], str | None] | None) -> tuple[type[BadDownload], str] | None:
-    """The first thing wrong with a fetched file, with the error it raises: its structure (`check`: it says best
-    what a wrong file is, an HTML page or a cut archive), its size, then its checksums; None when it passes."""
-    problem = (check(path) if check is not None else None) or _size_problem(path, size_bytes)
-    if problem is not None:
-        return BadDownload, problem
-    problem = _checksum_problem(path, sha256, md5)
-    return None if problem is None else (ChecksumError, problem)
 
 
 def _copy_local(url: str, part: Path) -> None:
@@ -210,7 +113,7 @@ def download(url: str, dest: str | Path, sha256: str | None = None, md5: str | N
         dest = dest / url.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.is_file():
-        found = _problem(dest, size_bytes, sha256, md5, check)
+        found = file_problem(dest, size_bytes, sha256, md5, check)
         if found is None:
             logger.info("%s already present (verified)", dest)
             return dest
@@ -221,7 +124,7 @@ def download(url: str, dest: str | Path, sha256: str | None = None, md5: str | N
         _copy_local(url, part)
     else:
         _fetch(url, part, dest.name, progress, retries, timeout, backoff_s)
-    found = _problem(part, size_bytes, sha256, md5, check)
+    found = file_problem(part, size_bytes, sha256, md5, check)
     if found is not None:
         part.unlink()
         error, problem = found
