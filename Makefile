@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 export NUMBA_CACHE_DIR := $(CURDIR)/.cache/numba
 export MPLBACKEND := Agg
 
-.PHONY: install demo test lint validate clean-outputs
+.PHONY: install demo test test-full lint validate clean-outputs
 
 SERVER_CONFIG := jupyter-config/jupyter_server_config.d/cglib.json
 
@@ -29,8 +29,14 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/cglib run params/demo.yaml
 
+# one pytest-xdist worker per core, at most four; a worker runs a whole group of test files (book/tests.md)
+PYTEST_WORKERS := -n logical --maxprocesses 4 --dist loadscope --no-loadscope-reorder
+
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not full" $(PYTEST_WORKERS)
+
+test-full: install
+	$(PY) -m pytest $(PYTEST_WORKERS)
 
 lint: install
 	$(VENV)/bin/ruff check cglib tests benchmarks

@@ -8,7 +8,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
+
+# Under pytest-xdist (`make test` runs one worker per core, at most four): each worker's torch, and every kernel
+# or process a test starts, gets its share of the cores, set before torch is imported. Two workers that each
+# used every core would make their OpenMP threads spin against each other.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, CORES // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+import torch  # after the thread setting above
 import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -62,6 +70,49 @@ def process_settings_restored() -> Iterator[None]:
 def _process_settings_per_test() -> Iterator[None]:
     with process_settings_restored():
         yield
+
+
+# `make test` runs pytest-xdist with `--dist loadscope`, and tests/xdist_groups.py widens a scope from a file to a
+# group of files: a worker runs a whole group. The session runs that several files read are made once per worker
+# that needs them, so every file that reads one is in that run's group (checked below at collection); any other
+# file is a group of its own (its module fixtures run once). The groups that take longest start first, so that no
+# worker is left with a long group at the end.
+SHARED_RUNS = {"classroom": {"classroom_run", "class_run", "demo_paths_run"}, "small_run": {"small_run"}}
+GROUP_OF_FILE = {
+    **dict.fromkeys(["tests/test_book.py", "tests/test_classroom.py", "tests/test_course.py",
+                     "tests/test_demo_pipeline.py", "tests/test_student_run.py"], "classroom"),
+    **dict.fromkeys(["tests/test_browser.py", "tests/test_magic_hf.py", "tests/test_related_e2e.py",
+                     "tests/test_report.py", "tests/test_stage_accounts.py", "tests/test_viz_headless.py"], "small_run"),
+}
+LONGEST_GROUPS_FIRST = ["classroom", "small_run", "tests/test_rehearsal_e2e.py"]
+
+
+def group_of_test(nodeid: str) -> str:
+    """The group of files a test belongs to (a file not in GROUP_OF_FILE is its own group)."""
+    file = nodeid.split("::")[0]
+    return GROUP_OF_FILE.get(file, file)
+
+
+def pytest_configure(config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        from xdist_groups import GroupScheduler
+
+        config.pluginmanager.register(GroupScheduler(group_of_test), "cglib-test-groups")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        for run, fixtures in SHARED_RUNS.items():
+            if fixtures & set(item.fixturenames) and group_of_test(item.nodeid) != run:
+                raise pytest.UsageError(f"{item.nodeid} reads the session's {run} run: add its file to "
+                                        f"GROUP_OF_FILE in tests/conftest.py as '{run}', or a second worker makes "
+                                        "the run again")
+
+    def rank(item) -> int:
+        group = group_of_test(item.nodeid)
+        return LONGEST_GROUPS_FIRST.index(group) if group in LONGEST_GROUPS_FIRST else len(LONGEST_GROUPS_FIRST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order; the workers' order is the scheduler's
 
 
 @pytest.fixture(scope="session")

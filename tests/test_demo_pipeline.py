@@ -85,6 +85,7 @@ def test_the_series_runs_end_to_end(classroom_run):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # `make test-full` only (book/tests.md)
 def test_the_demo_rows_seeds_and_figure_formats_run(demo_paths_run):
     """The demo's code paths that the classroom profile leaves out, on training, evaluation and visualization
     (05-07): every kind of Table 3 row (RE, init, pretraining, the three losses), two training seeds (each with its

@@ -192,6 +192,7 @@ def _series_params(run_dir: Path, path: Path, **magic) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # `make test-full` only (book/tests.md)
 def test_round_trip_gives_the_same_magic_and_the_same_table3(small_run, exported, tmp_path):
     """Export the shared run's MAGIC, import it into a fresh run (notebooks 01-03 in import mode, no LLM), then
     train and evaluate both: the same magic.json up to provenance, the same re-rendered images and ground truth,

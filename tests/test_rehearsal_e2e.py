@@ -26,6 +26,8 @@ from cglib.config import deep_merge
 from cglib.magic.files import load_magic
 from cglib.pipeline import default_notebook_dir, discover_notebooks
 
+# the `full` tier (`make test-full`): a profile-scale run that `make test`, and so CI, leaves out (book/tests.md)
+pytestmark = pytest.mark.full
 REPO = Path(__file__).resolve().parent.parent
 FAKE_KEY = "sk-rehearsal-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 # Notebooks 00-07: the paper's pipeline. 08 (the search) and 09 (your own objective) change no paper number; on the
