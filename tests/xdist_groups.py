@@ -10,19 +10,22 @@ from collections.abc import Callable
 from xdist.scheduler import LoadScopeScheduling
 
 
+class GroupScopeScheduling(LoadScopeScheduling):
+    """Load-scope scheduling whose scope is `group_of(nodeid)`: a worker receives every test of a group at once."""
+
+    def __init__(self, config, log, group_of: Callable[[str], str]) -> None:
+        super().__init__(config, log)
+        self.group_of = group_of
+
+    def _split_scope(self, nodeid: str) -> str:
+        return self.group_of(nodeid)
+
+
 class GroupScheduler:
-    """A pytest plugin: under `--dist loadscope`, a worker receives every test of a group at once."""
+    """A pytest plugin: under `--dist loadscope`, schedules by group (any other --dist mode keeps xdist's own)."""
 
     def __init__(self, group_of: Callable[[str], str]) -> None:
         self.group_of = group_of
 
     def pytest_xdist_make_scheduler(self, config, log):
-        if config.getvalue("dist") != "loadscope":
-            return None  # another --dist mode: xdist's own scheduler
-        group_of = self.group_of
-
-        class Scheduling(LoadScopeScheduling):
-            def _split_scope(self, nodeid: str) -> str:
-                return group_of(nodeid)
-
-        return Scheduling(config, log)
+        return GroupScopeScheduling(config, log, self.group_of) if config.getvalue("dist") == "loadscope" else None
