@@ -20,12 +20,14 @@ from pathlib import Path
 from cglib.cli_models import evaluate_model_command, search_command
 from cglib.cli_outputs import book_command, compare_protocols_command, figures_command, report_command
 from cglib.config import ParamsError, load_params, schema_table
+from cglib.config.protocol import protocol_lines
 from cglib.data.download import NAMED_DOWNLOADS, DownloadError, download_named, mirror_urls
 
 
 def _validate(args: argparse.Namespace) -> int:
     params = load_params(args.params, check_paths=not args.no_check_paths)
     print(f"OK: {args.params} (profile {params.run.profile}, run '{params.run.name}')")
+    print("\n".join(protocol_lines(params)))
     return 0
 
 

@@ -4,8 +4,10 @@ under torchrun equal to one process."""
 
 from __future__ import annotations
 
+import csv
 import math
 
+import open_clip
 import pytest
 import torch
 import yaml
@@ -14,9 +16,13 @@ from safetensors.torch import load_file
 from test_train import _final_and_log, _interrupt_at, make_run
 from test_train_distributed import torchrun_train
 
+from cglib.magic.files import load_magic
+from cglib.models import build_model
 from cglib.run import RunContext
+from cglib.train.inputs import run_spec
 from cglib.train.objectives import TextAlignment
 from cglib.train.pretrain import PublishedTextPairSampler, _chain
+from cglib.weights import load_weights
 from tests.factories import tiny_magic
 from tests.float_tolerance import ADAM_EPS, optimizer_steps, trained_tolerance
 
@@ -67,6 +73,44 @@ def test_the_learned_scale_sets_the_temperature_and_is_clamped():
         scale.fill_(9.0)
     align.after_step(False)
     assert scale.item() == pytest.approx(math.log(100))
+
+
+def test_raw_features_give_open_clips_clip_loss_on_unnormalized_outputs_by_hand():
+    """train.pretrain_features: raw, their pretrain.py: ClipLoss(encode_text(a), encode_text(b), scale.exp()) on
+    outputs open_clip does not normalize. Two orthogonal pairs of norms 1 and 2: every logit is s * a . b, so each
+    of the four rows' cross-entropy is log(1 + exp(-2 s)) raw and log(1 + exp(-s)) on unit vectors."""
+    scale = torch.nn.Parameter(torch.tensor(math.log(1.5)))
+    a, b = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    raw = TextAlignment({"tau": 0.1}, logit_scale=lambda: scale, normalize=False)(a, b)["loss"]
+    unit = TextAlignment({"tau": 0.1}, logit_scale=lambda: scale)(a, b)["loss"]
+    assert raw.item() == pytest.approx(math.log(1 + math.exp(-3.0)), rel=1e-6)
+    assert unit.item() == pytest.approx(math.log(1 + math.exp(-1.5)), rel=1e-6)
+    assert raw.item() == pytest.approx(open_clip.ClipLoss()(a, b, scale.exp()).item(), rel=1e-6)
+    raw.backward()  # the learned scale gets its gradient through the raw logits: d/ds log(1 + e^-2s) at s = 1.5
+    assert scale.grad.item() == pytest.approx(1.5 * -2 / (1 + math.exp(3.0)), rel=1e-5)
+
+
+def test_a_run_with_raw_features_steps_on_the_authors_loss(tmp_path):
+    """The run's first pretraining step logs open_clip's ClipLoss on the starting text tower's raw encode_text
+    outputs of its first batch, with the starting logit scale; the spec holds the key only when it is raw."""
+    run = make_run(tmp_path / "raw", **{**SETTINGS, "pretrain_features": "raw", "pretrain_epochs": 1})
+    assert run_spec(run.params, run.params.train.runs[0])["train"]["pretrain_features"] == "raw"
+    plain = make_run(tmp_path / "plain", **SETTINGS)
+    assert "pretrain_features" not in run_spec(plain.params, plain.params.train.runs[0])["train"]
+    summary = train_one_prepared(run, "pp", progress=False)
+    assert summary["pretraining"]["features"] == "raw"
+    bundle = build_model(run.params.model)
+    load_weights(bundle.model, run.dir / "training" / "initial.safetensors")
+    sampler = PublishedTextPairSampler(load_magic(run.dir / "magic" / "magic.json"), "with_concepts", 8,
+                                       run.params.run.seed)
+    captions, targets = sampler.batch(0, 0)
+    with torch.no_grad():
+        outputs = bundle.model.encode_text(bundle.tokenizer(captions + targets))
+        expected = open_clip.ClipLoss()(outputs[:8], outputs[8:], bundle.model.logit_scale.exp())
+    first = next(r for r in csv.DictReader((run.dir / "training" / "pp" / "log.csv").open())
+                 if r["phase"] == "pretrain")
+    assert float(first["loss"]) == pytest.approx(expected.item(), rel=1e-5)
+    assert outputs.norm(dim=-1).sub(1).abs().max() > 0.1  # the check means something: the outputs are not unit
 
 
 SETTINGS = {"model": {"freeze_text": False}, "pretrain_pairs": "as_published", "pretrain_batch_size": 8,

@@ -11,6 +11,7 @@ import torch
 import yaml
 from prepared_runs import train_one_prepared
 
+from cglib.cli import main as cli_main
 from cglib.config import MagicParams, Params, TrainParams, load_params
 from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX, protocol_value
 from cglib.train.inputs import run_spec
@@ -100,6 +101,24 @@ def test_paper_profiles_differ_only_in_name_and_protocol():
             assert value_of(corrected, d.key) == pytest.approx(d.corrected), d.key
     assert {r.pretrain for r in published.train.runs} == {"none", "with_concepts"}
     assert {r.pretrain for r in corrected.train.runs} == {"none", "leakage_free"}
+
+
+@pytest.mark.parametrize("profile, protocol", [("paper.yaml", "as_published"), ("paper_corrected.yaml", "corrected")])
+def test_cglib_validate_shows_every_protocol_key_with_its_value(profile, protocol, capsys):
+    """`cglib validate` prints each protocol key as the params resolve it: the paper profiles set none themselves,
+    so every line is the protocol's value, unmarked; a key a file sets is marked."""
+    assert cli_main(["validate", "--no-check-paths", str(REPO / "params" / profile)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"run.protocol: {protocol} ")
+    shown = dict(line.strip().split(": ", 1) for line in lines[2:])
+    assert list(shown) == [d.key for d in DIFFERENCES]
+    for d in DIFFERENCES:
+        assert shown[d.key].startswith(str(protocol_value(d.key, protocol))) and "set in the file" not in shown[d.key]
+    assert shown["train.pretrain_features"] == ("raw" if protocol == "as_published" else "normalized")
+    params_file = REPO / "params" / "demo.yaml"
+    assert cli_main(["validate", "--no-check-paths", str(params_file)]) == 0
+    demo = yaml.safe_load(params_file.read_text())["train"]
+    assert f"train.warmup_steps: {demo['warmup_steps']} (set in the file)" in capsys.readouterr().out
 
 
 def test_pretrain_true_takes_the_protocols_targets_and_an_explicit_value_stays():

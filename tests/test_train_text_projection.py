@@ -77,6 +77,9 @@ def test_re_on_the_projection_moves_only_the_projection(tmp_path, capsys):
     texts = ["a dog runs on the beach", ""]
     torch.testing.assert_close(ProjectedTexts(trained, texts)(texts), torch.from_numpy(encode_texts(trained, texts)),
                                atol=1e-5, rtol=0)
+    raw = torch.from_numpy(encode_texts(trained, texts, normalize=False))  # train.pretrain_features: raw
+    torch.testing.assert_close(ProjectedTexts(trained, texts, normalize=False)(texts), raw, atol=1e-5, rtol=0)
+    assert raw.norm(dim=-1).sub(1).abs().min() > 0.01
 
 
 def test_pretraining_on_the_projection_then_image_text(tmp_path):

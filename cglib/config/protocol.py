@@ -65,6 +65,10 @@ DIFFERENCES: tuple[Difference, ...] = (
                "temperature: every caption with every target in shuffled batches, unmasked, learned logit scale vs "
                "distinct targets (at most one per group) at the fixed tau", "authors' data.py PretrainDataset, "
                "pretrain.py (ClipLoss with model.logit_scale.exp(), clamp_(0, ln 100))"),
+    Difference("train.pretrain_features", "raw", "normalized", "the features textual pretraining's loss sees: "
+               "the text tower's unnormalized outputs (the logits scale with their norms) vs unit-norm embeddings",
+               "authors' pretrain.py (model.encode_text outputs into open_clip's ClipLoss; encode_text does not "
+               "normalize unless asked)"),
     Difference("train.pretrain_targets", "with_concepts", "leakage_free", "the texts the captions are pretrained "
                "against in a run entry with pretrain: true: generalized captions and the l1-l4 names (the evaluation "
                "queries: such rows are marked exposed) vs generalized captions only",
@@ -130,3 +134,24 @@ def protocol_options(options: BaseModel, protocol: str) -> dict[str, Any]:
     """The protocol keys an objective's options leave null, with the values `protocol` gives them."""
     return {name: protocol_value(OPTION_PREFIX + name, protocol) for name in option_keys(type(options))
             if getattr(options, name) is None}
+
+
+def protocol_lines(params: Any) -> list[str]:
+    """What `cglib validate` prints: the run's protocol and each protocol key's value in these params, marked where
+    the file sets another value than the protocol gives (an option key: the entries that set it themselves)."""
+    protocol = params.run.protocol
+    lines = [f"run.protocol: {protocol} (a key the file sets itself is marked 'set in the file')"]
+    for d in DIFFERENCES:
+        value = protocol_value(d.key, protocol)
+        if d.key.startswith(OPTION_PREFIX):
+            name = d.key[len(OPTION_PREFIX):]
+            own = [f"{e.name}: {e.options[name]}" for e in params.train.runs
+                   if isinstance(e.options, dict) and name in e.options and e.options[name] != value]
+            note = f" (set in the file by {', '.join(own)})" if own else ""
+            lines.append(f"  {d.key}: {value} for every run whose objective takes it{note}")
+            continue
+        section, _, name = d.key.partition(".")
+        given = getattr(getattr(params, section), name)
+        same = given == value or (isinstance(value, tuple) and tuple(given) == value)
+        lines.append(f"  {d.key}: {given}{'' if same else ' (set in the file)'}")
+    return lines

@@ -199,6 +199,10 @@ class TrainParams(Section):
         "at most one per group, tau fixed (cglib/train/pretrain.py). as_published: the authors' PretrainDataset "
         "(every caption of an image with each of its generalized captions and, with pretrain: with_concepts, its "
         "l1-l4 names; shuffled batches, nothing masked) and the model's learned logit scale, clamped at ln 100.")
+    pretrain_features: Literal["normalized", "raw"] = Field(
+        "normalized", description="The features textual pretraining's loss sees (a protocol key). normalized: "
+        "unit-norm text embeddings, as every other loss here; raw: the text tower's unnormalized outputs, as the "
+        "authors' pretrain.py gives open_clip's ClipLoss model.encode_text outputs (which do not normalize).")
     pretrain_lr: float = Field(1e-5, gt=0, description="Learning rate of the textual pretraining phase.")
     pretrain_batch_size: int = Field(64, ge=2, description="Text pairs per textual-pretraining batch (distinct "
                                      "targets, at most one per group, so two targets of one group are never "

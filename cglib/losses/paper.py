@@ -167,10 +167,12 @@ def clip_loss(image_features: Tensor, text_features: Tensor, tau: Temperature = 
 
 
 def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1, *,
-                        text_ids: Tensor | None = None) -> Tensor:
+                        text_ids: Tensor | None = None, normalize: bool = True) -> Tensor:
     """Text-text symmetric InfoNCE between (B, L) embeddings, row b of each the positive of the other (Sec. 3.2.4).
 
     `text_ids` (B,): rows with equal ids (identical targets, or targets of one group) are not each other's negatives.
+    `normalize` false: the logits are products of the features as given (open_clip's ClipLoss on the text tower's
+    raw outputs, as the authors' textual pretraining computes it).
     """
     check_features(text_a, text_b, ndims=(2,), names=("text_a", "text_b"))
     text_ids = check_text_ids(text_ids, text_b, name="text_b")
@@ -179,4 +181,4 @@ def text_alignment_loss(text_a: Tensor, text_b: Tensor, tau: Temperature = 0.1, 
     def body(a: Tensor, b: Tensor, ids: Tensor | None) -> dict[str, Tensor]:
         return {"loss": _symmetric_info_nce(a, b, tau, identical_pairs(ids) if ids is not None else None)}
 
-    return run_in_full_precision(text_a, text_b, text_ids, body)["loss"]
+    return run_in_full_precision(text_a, text_b, text_ids, body, normalize)["loss"]

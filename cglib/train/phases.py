@@ -132,9 +132,11 @@ def textual_pretraining(setup: RunSetup, state: TrainState, bundle: ClipModel,
     total = t.pretrain_epochs * len(sampler)
     if not total:
         return None
-    projected = text_phase_trainable(bundle, t.text_trains, sampler.all_texts(), info.world_size)
+    unit = t.pretrain_features == "normalized"  # raw: the tower's outputs as the authors' loss took them
+    projected = text_phase_trainable(bundle, t.text_trains, sampler.all_texts(), info.world_size, unit)
     if projected is not None:
         described["tower_outputs_precomputed"] = len(projected)
+    described["features"] = t.pretrain_features
     learned = t.pretrain_pairs == "as_published"  # the authors train the model's logit scale in this phase
     if learned:
         bundle.model.logit_scale.requires_grad_(True)
@@ -145,14 +147,14 @@ def textual_pretraining(setup: RunSetup, state: TrainState, bundle: ClipModel,
     part = slice(info.rank * per, (info.rank + 1) * per)
     # the run's tau (the run's objective options are not its), or the model's learned scale
     align = TextAlignment({"tau": setup.spec["run"]["tau"]},
-                          logit_scale=(lambda: bundle.model.logit_scale) if learned else None)
+                          logit_scale=(lambda: bundle.model.logit_scale) if learned else None, normalize=unit)
 
     def loss(pair: tuple[list[str], list[str]]) -> dict[str, torch.Tensor]:
         captions, targets = pair
         if projected is not None:
             text = projected(captions[part] + targets[part])
         else:
-            _, text = module(None, bundle.tokenizer(captions[part] + targets[part]).to(setup.device))
+            _, text = module(None, bundle.tokenizer(captions[part] + targets[part]).to(setup.device), normalize=unit)
         return align(text[:per], text[per:])
 
     announce(setup, state, f"text pretraining (text {t.text_trains})", len(sampler), t.pretrain_epochs,

@@ -20,27 +20,30 @@ from cglib.train.step import set_trainable
 
 
 class ProjectedTexts:
-    """Unit-norm text embeddings through the model's trainable projection, from tower outputs computed once."""
+    """Text embeddings through the model's trainable projection, from tower outputs computed once: unit norm, or the
+    projection's raw outputs when `normalize` is false (train.pretrain_features: raw)."""
 
-    def __init__(self, bundle: ClipModel, texts: Sequence[str]) -> None:
+    def __init__(self, bundle: ClipModel, texts: Sequence[str], normalize: bool = True) -> None:
         self.rows = {text: k for k, text in enumerate(dict.fromkeys(texts))}
         with without_text_projection(bundle):
             outputs = encode_texts(bundle, list(self.rows), normalize=False)
         self.outputs = torch.from_numpy(outputs).to(bundle.device)
         self.projection = bundle.text_projection()
+        self.normalize = normalize
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         index = torch.tensor([self.rows[t] for t in texts], device=self.outputs.device)
-        return F.normalize(self.projection(self.outputs[index]), dim=-1)
+        projected = self.projection(self.outputs[index])
+        return F.normalize(projected, dim=-1) if self.normalize else projected
 
 
-def text_phase_trainable(bundle: ClipModel, text_trains: str, texts: Sequence[str], world_size: int
-                         ) -> ProjectedTexts | None:
+def text_phase_trainable(bundle: ClipModel, text_trains: str, texts: Sequence[str], world_size: int,
+                         normalize: bool = True) -> ProjectedTexts | None:
     """Freeze the image tower and make the phase's text weights trainable; for `projection`, the texts' tower
-    outputs (None for `tower`, whose steps run the tower)."""
+    outputs (None for `tower`, whose steps run the tower), projected to unit norm unless `normalize` is false."""
     if text_trains == "tower":
         set_trainable(bundle, image=False, text=True)
         return None
@@ -49,4 +52,4 @@ def text_phase_trainable(bundle: ClipModel, text_trains: str, texts: Sequence[st
                          "train.text_trains: tower")
     set_trainable(bundle, image=False, text=False)
     bundle.text_projection().weight.requires_grad_(True)
-    return ProjectedTexts(bundle, texts)
+    return ProjectedTexts(bundle, texts, normalize)

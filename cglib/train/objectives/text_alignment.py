@@ -25,17 +25,20 @@ class TextAlignment(Objective):
     phase = "pretrain"
 
     def __init__(self, spec: dict[str, Any], params: Any = None,
-                 logit_scale: Callable[[], Tensor] | None = None) -> None:
+                 logit_scale: Callable[[], Tensor] | None = None, normalize: bool = True) -> None:
         """`logit_scale`: the model's learned scale (train.pretrain_pairs: as_published, their pretrain.py), read
-        at each step and clamped to [0, ln 100] after it; None: the fixed tau."""
+        at each step and clamped to [0, ln 100] after it; None: the fixed tau. `normalize` false: the loss takes the
+        text tower's raw outputs (train.pretrain_features: raw, their pretrain.py)."""
         super().__init__(spec, params)
         self.logit_scale = logit_scale
+        self.normalize = normalize
 
     def forward(self, captions: Tensor, targets: Tensor) -> dict[str, Tensor]:
         if self.logit_scale is None:
-            return {"loss": losses.text_alignment_loss(captions, targets, tau=self.tau)}
+            return {"loss": losses.text_alignment_loss(captions, targets, tau=self.tau, normalize=self.normalize)}
         scale = self.logit_scale()
-        return {"loss": losses.text_alignment_loss(captions, targets, tau=1.0 / scale.exp()),
+        return {"loss": losses.text_alignment_loss(captions, targets, tau=1.0 / scale.exp(),
+                                                   normalize=self.normalize),
                 "logit_scale": scale.detach().exp()}
 
     def after_step(self, skipped: bool) -> None:
