@@ -164,6 +164,7 @@ DATA_LAYERS = ("cglib.data", "cglib.magic", "cglib.llm")
 TRAIN_DATA_TYPES = {
     "cglib.data.dataset": {"CaptionDataset"},
     "cglib.data.image_cache": {"ImageCache"},
+    "cglib.data.crop_cache": {"CropCache"},
     "cglib.data.hierarcaps_train": {"REItem"},
     "cglib.data.permute": {"KeywordPermuter"},
     "cglib.magic.schema": {"MagicFile"},

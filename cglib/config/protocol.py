@@ -61,6 +61,10 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference("train.mask_identical_texts", False, True, "whether identical texts of an image-text batch are kept "
                "from being each other's negatives (with M-1 hard-negative groups a caption can recur in a batch)",
                "authors' train.py and loss.py: open_clip ClipLoss and their group losses, labels = arange, no mask"),
+    Difference("train.augment", "open_clip_train", "none", "the images of every image-text step: a random "
+               "resized crop (90-100% of the area, aspect 3/4-4/3, bicubic: open_clip's training transform) vs the "
+               "eval crop every time", "authors' main.py (create_model_and_transforms' preprocess_train feeds "
+               "get_train_data)"),
     Difference("train.pretrain_pairs", "as_published", "distinct_targets", "textual pretraining's batches and "
                "temperature: every caption with every target in shuffled batches, unmasked, learned logit scale vs "
                "distinct targets (at most one per group) at the fixed tau", "authors' data.py PretrainDataset, "

@@ -199,6 +199,11 @@ class TrainParams(Section):
         "at most one per group, tau fixed (cglib/train/pretrain.py). as_published: the authors' PretrainDataset "
         "(every caption of an image with each of its generalized captions and, with pretrain: with_concepts, its "
         "l1-l4 names; shuffled batches, nothing masked) and the model's learned logit scale, clamped at ln 100.")
+    augment: Literal["none", "open_clip_train"] = Field(
+        "none", description="Image augmentation of the image-text phase (a protocol key). none: every step sees the "
+        "eval crop (short side resized, centre crop) of the image cache; open_clip_train: open_clip's training "
+        "transform, a random 90-100% box of the image (aspect ratio 3/4-4/3) resized bicubic, drawn per step from a "
+        "seeded stream (resumed runs stay bit-exact) out of a cache that keeps each image's aspect ratio.")
     pretrain_features: Literal["normalized", "raw"] = Field(
         "normalized", description="The features textual pretraining's loss sees (a protocol key). normalized: "
         "unit-norm text embeddings, as every other loss here; raw: the text tower's unnormalized outputs, as the "

@@ -17,12 +17,13 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from PIL import Image
 
 from cglib.data.dataset import CaptionDataset, ImageLoadError
 from cglib.frontend import tqdm  # tqdm.auto live, a text bar left at its final count headless
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 PIXELS_FILE = "pixels.npy"
 INDEX_FILE = "index.json"
 CACHE_VERSION = 1
+T = TypeVar("T")
 
 
 class ImageCache:
@@ -116,6 +118,32 @@ def _fingerprint(dataset: CaptionDataset) -> str:
     return digest.hexdigest()
 
 
+def dataset_digest(dataset: CaptionDataset) -> str:
+    """A digest of the dataset's source, image ids and content fingerprint (a cache of it is stale when it changes)."""
+    digest = hashlib.sha1(f"{dataset.source}\0".encode())
+    digest.update("\n".join(dataset.image_ids).encode())
+    digest.update(_fingerprint(dataset).encode())
+    return digest.hexdigest()
+
+
+def decoded_images(dataset: CaptionDataset, convert: Callable[[Image.Image], T], progress: bool, desc: str
+                   ) -> Iterator[tuple[str, T | ImageLoadError]]:
+    """(image id, convert(its decoded RGB image) or the ImageLoadError that stopped it) for every image, in order;
+    files are decoded on threads (PIL releases the GIL while decoding, so threads scale across cores)."""
+    def load(image_id: str) -> T | ImageLoadError:
+        try:
+            return convert(dataset.load_image(image_id))
+        except ImageLoadError as exc:
+            return exc
+
+    workers = 1 if dataset.pixels is not None else min(16, os.cpu_count() or 1)
+    with tqdm(total=len(dataset), desc=desc, disable=not progress, leave=False) as bar, \
+            ThreadPoolExecutor(max_workers=workers) as pool:
+        for image_id, result in zip(dataset.image_ids, pool.map(load, dataset.image_ids, chunksize=64)):
+            yield image_id, result
+            bar.update(1)
+
+
 def cache_key(dataset: CaptionDataset, size: int) -> str:
     """The cache folder name for `dataset` at `size`: ids, size and content fingerprint hashed."""
     digest = hashlib.sha1(f"v{CACHE_VERSION}\0{size}\0{dataset.source}\0".encode())
@@ -151,33 +179,21 @@ def build_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progr
     kept: list[str] = []
     skipped: Counter = Counter()
     skipped_ids: dict[str, str] = {}
-    bar = tqdm(total=len(dataset), desc=f"image cache {size}px", disable=not progress, leave=False)
     if dataset.pixels is not None and dataset.pixels.shape[1:3] == (size, size):
         # In-memory images already at the cache size (the synthetic world): a plain copy, nothing to decode.
         out[:] = dataset.pixels
         kept = list(dataset.image_ids)
-        bar.update(len(dataset))
     else:
         from cglib.encoding import images_to_pixels  # lazy: torch; cglib.data imports without it
 
-        def load(image_id: str) -> np.ndarray | ImageLoadError:
-            try:
-                return images_to_pixels([dataset.load_image(image_id)], size)[0]
-            except ImageLoadError as exc:
-                return exc
-
-        # PIL releases the GIL while decoding, so threads scale JPEG decoding across cores.
-        workers = 1 if dataset.pixels is not None else min(16, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for image_id, result in zip(dataset.image_ids, pool.map(load, dataset.image_ids, chunksize=64)):
-                if isinstance(result, ImageLoadError):
-                    skipped[result.reason] += 1
-                    skipped_ids[image_id] = result.reason
-                else:
-                    out[len(kept)] = result
-                    kept.append(image_id)
-                bar.update(1)
-    bar.close()
+        for image_id, result in decoded_images(dataset, lambda image: images_to_pixels([image], size)[0], progress,
+                                               f"image cache {size}px"):
+            if isinstance(result, ImageLoadError):
+                skipped[result.reason] += 1
+                skipped_ids[image_id] = result.reason
+            else:
+                out[len(kept)] = result
+                kept.append(image_id)
     out.flush()
     del out
     tmp.replace(directory / PIXELS_FILE)
@@ -198,9 +214,10 @@ def image_cache_dir(run: RunContext) -> Path:
 
 
 def magic_image_cache(run: RunContext, magic_images: Collection[str], dataset: CaptionDataset, size: int,
-                      progress: bool = True, info: DistInfo | None = None) -> ImageCache:
+                      progress: bool = True, info: DistInfo | None = None,
+                      build: Callable = build_image_cache, reopen: Callable = open_image_cache) -> Any:
     """The image cache of the MAGIC images (`magic.images`, both splits) at `size`; built by rank 0, opened by the
-    others."""
+    others. `build` and `reopen`: another kind of cache of the same images (crop_cache.py's, for augmentation)."""
     from cglib import distributed  # lazy: torch, imported only when a MAGIC cache is asked for
 
     known = set(dataset.image_ids)
@@ -212,10 +229,10 @@ def magic_image_cache(run: RunContext, magic_images: Collection[str], dataset: C
     subset = dataset.subset([i for i in dataset.image_ids if i in wanted])
     info = info or distributed.DistInfo()
     if info.is_main:
-        cache = build_image_cache(subset, size, image_cache_dir(run), progress=progress)
+        cache = build(subset, size, image_cache_dir(run), progress=progress)
     distributed.barrier(info)
     if not info.is_main:
-        cache = open_image_cache(subset, size, image_cache_dir(run))
+        cache = reopen(subset, size, image_cache_dir(run))
         if cache is None:
             raise RuntimeError("rank 0 did not leave a complete image cache; check its log")
     return cache

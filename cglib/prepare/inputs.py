@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from cglib import distributed
 from cglib.config import Params, TrainRunParams
+from cglib.data.crop_cache import CropCache, build_crop_cache, open_crop_cache
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import ImageCache, magic_image_cache
 from cglib.data.permute import KeywordPermuter, permuter_for
@@ -31,6 +33,7 @@ class TrainInputs:
     groups: str = "magic"  # which groups `magic` holds: the run's MAGIC, or its n-gram groups (magic/ngram.json)
     re_items: dict[str, REItems] = field(default_factory=dict)
     permuter: KeywordPermuter | None = None  # the captions' keyword relations, for objectives that permute keywords
+    crops: CropCache | None = None  # the images kept for random resized crops (train.augment), else None
 
     def re_items_for(self, data: str) -> REItems:
         """The RE items of options.data `data`; ValueError naming the fix when they were not prepared."""
@@ -72,6 +75,16 @@ def model_image_size(params: Params) -> int:
     return int(size[0] if isinstance(size, list | tuple) else size)
 
 
+def image_caches(run: RunContext, images: Collection[str], dataset: CaptionDataset, image_size: int,
+                 progress: bool = True, info: DistInfo | None = None) -> tuple[ImageCache, CropCache | None]:
+    """The image cache of `images` at `image_size`, and their crop cache when the params augment (train.augment)."""
+    cache = magic_image_cache(run, images, dataset, image_size, progress, info)
+    if run.params.train.augment == "none":
+        return cache, None
+    return cache, magic_image_cache(run, images, dataset, image_size, progress, info, build_crop_cache,
+                                    open_crop_cache)
+
+
 def load_inputs(run: RunContext, image_size: int | None = None, progress: bool = True,
                 info: DistInfo | None = None, groups: str = "magic") -> TrainInputs:
     """magic.json, and the image cache of its images at `image_size` (default: the model's input size).
@@ -83,7 +96,7 @@ def load_inputs(run: RunContext, image_size: int | None = None, progress: bool =
     magic_path = run.require("magic/magic.json", "03_magic_dag")
     dataset_dir = run.require("captions/dataset.json", "01_captions").parent
     magic = load_magic(magic_path)
-    cache = magic_image_cache(run, magic.images, CaptionDataset.load(dataset_dir), image_size, progress, info)
+    cache, crops = image_caches(run, magic.images, CaptionDataset.load(dataset_dir), image_size, progress, info)
     # the DAG's content, not the file's bytes: a rebuild of the same MAGIC (its timing and cache counts differ)
     # leaves every trained run valid
     digest = hashlib.sha1(f"magic:{content_digest(magic)}".encode())
@@ -97,4 +110,6 @@ def load_inputs(run: RunContext, image_size: int | None = None, progress: bool =
     elif groups != "magic":
         raise ValueError(f"unknown groups {groups!r}; use magic or ngram")
     digest.update(cache.directory.name.encode())
-    return TrainInputs(magic, cache, digest.hexdigest()[:16], groups)
+    if crops is not None:
+        digest.update(crops.directory.name.encode())
+    return TrainInputs(magic, cache, digest.hexdigest()[:16], groups, crops=crops)

@@ -41,11 +41,10 @@ from optuna.trial import TrialState
 from cglib import distributed
 from cglib.config import SHIPPED_TAXONOMY_NAMES, IntRange, Params, deep_merge, params_root, parse_params
 from cglib.data.dataset import CaptionDataset
-from cglib.data.image_cache import magic_image_cache
 from cglib.magic.files import load_magic
 from cglib.prepare import TrainInputs, model_image_size
 from cglib.prepare.base import base_if_needed
-from cglib.prepare.inputs import keyword_permuter
+from cglib.prepare.inputs import image_caches, keyword_permuter
 from cglib.run import RunContext, output_path, provenance, runner_identity, write_json
 from cglib.search.storage import (
     open_storage,
@@ -199,11 +198,13 @@ def prepare_workspace(run: RunContext, progress: bool = True) -> Workspace:
             if not target.is_file() or target.read_bytes() != source.read_bytes():
                 shutil.copyfile(source, target.with_suffix(".tmp"))
                 target.with_suffix(".tmp").replace(target)
-        cache = magic_image_cache(space, view.images, dataset, model_image_size(params), progress)
+        cache, crops = image_caches(space, view.images, dataset, model_image_size(params), progress)
         write_json(folder / VALIDATION, validation)
     digest = hashlib.sha1(view.model_dump_json().encode())
     digest.update(cache.directory.name.encode())
-    inputs = TrainInputs(view, cache, digest.hexdigest()[:16],
+    if crops is not None:
+        digest.update(crops.directory.name.encode())
+    inputs = TrainInputs(view, cache, digest.hexdigest()[:16], crops=crops,
                          permuter=keyword_permuter(params, [run_entry(params, params.search_run())]))
     scorer = ValidationScorer(params, view, cache.get(view.split_ids("test")), view.split_ids("test"))
     return Workspace(folder, view, validation, inputs, scorer)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
+from cglib.data.crop_cache import CropCache
 from cglib.data.image_cache import ImageCache
 from cglib.distributed import DistInfo
 from cglib.train.sampler import GroupBatchSampler
@@ -30,11 +32,13 @@ class GroupBatchData(torch.utils.data.Dataset):
 
     def __init__(self, sampler: GroupBatchSampler, cache: ImageCache, epoch: int, start: int, info: DistInfo,
                  text_rows: dict[str, int] | None, tokenizer: Callable | None,
-                 hard_negatives: Callable[[Any], list[Any]] | None = None) -> None:
+                 hard_negatives: Callable[[Any], list[Any]] | None = None, crops: CropCache | None = None,
+                 crop_seed: int = 0) -> None:
         self.sampler, self.cache, self.epoch, self.start, self.info = sampler, cache, epoch, start, info
         self.text_rows, self.tokenizer = text_rows, tokenizer
         self.group_rows = {g: k for k, g in enumerate(sampler.groups)}  # memory row of each group (memory.py)
         self.hard_negatives = hard_negatives
+        self.crops, self.crop_seed = crops, crop_seed
 
     def __len__(self) -> int:
         return len(self.sampler) - self.start
@@ -49,7 +53,7 @@ class GroupBatchData(torch.utils.data.Dataset):
         ids = [image_id for row in batch.image_ids for image_id in row]
         texts = [t for row in batch.texts for t in row]
         identity = {t: k for k, t in enumerate(sorted({t for row in full.texts for t in row}))}
-        item: dict[str, Any] = {"pixels": torch.from_numpy(self.cache.get(ids)), "m": m, "n": n,
+        item: dict[str, Any] = {"pixels": torch.from_numpy(self.pixels(full, ids, self.start + i)), "m": m, "n": n,
                                 "index": self.start + i, "fallback_groups": full.n_fallback,
                                 "repeated_images": full.repeated_images, "global_images": len(full.groups) * n,
                                 "text_ids": torch.tensor([identity[t] for t in texts], dtype=torch.long),
@@ -75,9 +79,21 @@ class GroupBatchData(torch.utils.data.Dataset):
                 item["hard_inverse"] = torch.tensor([where[t] for t in hard], dtype=torch.long)
         return item
 
+    def pixels(self, full: Any, ids: list[str], index: int) -> np.ndarray:
+        """uint8 images of this rank's pairs: the eval crops of the image cache, or (train.augment) random resized
+        crops whose boxes are drawn for the whole batch, in its order, from a generator seeded by (crop_seed,
+        epoch, index): every rank keeps its slice of one draw, and a resumed run draws the same crops."""
+        if self.crops is None:
+            return self.cache.get(ids)
+        everyone = [image_id for row in full.image_ids for image_id in row]
+        offset = self.info.rank * len(ids)
+        seed = int(np.random.SeedSequence([self.crop_seed, self.epoch, index, 7]).generate_state(1)[0])
+        return self.crops.crops(everyone, torch.Generator().manual_seed(seed), slice(offset, offset + len(ids)))
+
 
 def batch_loader(dataset: torch.utils.data.Dataset, num_workers: int, device: torch.device
                  ) -> Iterator[dict[str, Any]]:
     """Iterate a batch dataset; a private generator keeps the global RNG untouched (exact resume)."""
     return iter(torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=num_workers,
                                             pin_memory=device.type == "cuda", generator=torch.Generator()))
+

@@ -38,7 +38,8 @@ def run_entry(params: Params, name: str) -> TrainRunParams:
 # Per-run keys added after runs were first trained: at their default they leave the spec (and so the cached
 # weights of earlier runs) unchanged.
 RUN_KEY_DEFAULTS: dict[str, Any] = {"init": None, "text_source": None, "groups": "magic", "options": {}}
-TRAIN_KEY_DEFAULTS: dict[str, Any] = {"mask_identical_texts": True, "pretrain_features": "normalized"}  # train keys added after runs were trained
+TRAIN_KEY_DEFAULTS: dict[str, Any] = {"mask_identical_texts": True, "pretrain_features": "normalized",
+                                      "augment": "none"}  # train keys added after runs were trained
 OPTION_KEY_DEFAULTS: dict[str, Any] = {"hierarcaps_features": "normalized"}  # objective options added likewise
 
 

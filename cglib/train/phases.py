@@ -243,9 +243,17 @@ def image_text(setup: RunSetup, state: TrainState, bundle: ClipModel,
         how += f", about {empty} empty steps an epoch, skipped as the authors' loop does"
     announce(setup, state, "image-text", per_epoch, t.epochs, how)
 
+    crops = None
+    if t.augment != "none":  # open_clip's training crops, drawn per batch from the run's training seed
+        crops = setup.inputs.crops
+        if crops is None:
+            raise ValueError("train.augment: open_clip_train needs the images' crop cache; load the inputs with "
+                             "these params (cglib.prepare.load_inputs builds it)")
+        described["augment"] = {"transform": t.augment, "crop_cache": crops.directory.name, "images": len(crops)}
+
     def batches(epoch: int, first: int) -> Iterator[dict[str, Any]]:
         data = GroupBatchData(sampler, setup.inputs.cache, epoch, first, info, text_rows, bundle.tokenizer,
-                              objective.pair_replacements())
+                              objective.pair_replacements(), crops, setup.run.train_seed)
         return batch_loader(data, t.num_workers, setup.device)
 
     return Phase("train", "image-text", t.epochs, len(sampler), batches, module, objective, stepper,
