@@ -13,7 +13,7 @@ from prepared_runs import train_one_prepared
 
 from cglib.cli import main as cli_main
 from cglib.config import MagicParams, Params, TrainParams, load_params
-from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX, protocol_value
+from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX, UNKEYED_DIFFERENCES, protocol_value
 from cglib.train.inputs import run_spec
 from cglib.train.objectives import objective_with
 from cglib.train.optim import amp_dtype, build_optimizer
@@ -161,6 +161,29 @@ def test_the_fidelity_page_lists_every_protocol_key():
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     missing = [d.key for d in DIFFERENCES if not any(line.startswith(f"| `{d.key}` |") for line in rows)]
     assert not missing, f"book/fidelity.md's table lacks {missing}: add a row for each (key, both values, source)"
+
+
+def test_the_fidelity_page_lists_every_unkeyed_difference():
+    """The table "Differences that are not protocol keys" has one row per name of UNKEYED_DIFFERENCES (its first
+    cell), no other row, and every row as many cells as its header."""
+    lines = (REPO / "book" / "fidelity.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("**Differences that are not protocol keys"))
+    table = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    header, rows = table[0], table[2:]
+    assert [c.strip() for c in header.split("|")[1:-1]] == ["what differs", "the authors' code", "ours",
+                                                          "what it changes", "why it is not a key"]
+    assert all(len(row.split("|")) == len(header.split("|")) for row in rows), "a row's cells differ from the header"
+    names = [row.split("|")[1].strip() for row in rows]
+    assert len(set(UNKEYED_DIFFERENCES)) == len(UNKEYED_DIFFERENCES) and len(set(names)) == len(names)
+    missing = [n for n in UNKEYED_DIFFERENCES if n not in names]
+    extra = [n for n in names if n not in UNKEYED_DIFFERENCES]
+    assert not missing, f"book/fidelity.md's table of differences that are not protocol keys lacks rows {missing}"
+    assert not extra, f"rows {extra} of that table are not in cglib.config.protocol.UNKEYED_DIFFERENCES: add them"
 
 
 def test_a_learned_clip_scale_trains_clamps_saves_and_resumes_exactly(tmp_path):

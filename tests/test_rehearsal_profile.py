@@ -30,7 +30,8 @@ SHARED = SHARED_DATA / "hierarcaps"  # the tests' copy of data/hierarcaps (tests
 # merged the rehearsal's `epoch: pairs` line is dropped before validation, and validated as soon as it exists.
 HAS_EPOCH = "epoch" in TrainParams.model_fields
 
-# Every key (section.key) where the rehearsal may differ from the paper profile: what this machine forces.
+# Every key (section.key) where the rehearsal may differ from the paper profile: what this machine forces, and
+# train.epoch, a choice (its comment in the profile says why).
 FORCED = {
     "run.name", "run.profile", "run.device",
     "data.coco_captions", "data.coco_images", "data.max_images", "data.image_cache_size", "data.hierarcaps_train_csv",

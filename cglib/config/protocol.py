@@ -8,6 +8,8 @@ null in the entry and filled by the objective when the run's spec is built (`Obj
 every run whose objective takes it. The evaluation needs no switch: every run scores both protocols
 (`forced_choice_published`, `hierarcaps_published`). The guide's page "Paper fidelity" (book/fidelity.md) lists
 each difference with its key; `tests/test_protocol.py` fails when a key here is missing from it.
+`UNKEYED_DIFFERENCES` (at the end) names the smaller differences that no key switches, one per row of that page's
+table "Differences that are not protocol keys"; the same test fails when a name and a row do not match.
 """
 
 from __future__ import annotations
@@ -159,3 +161,16 @@ def protocol_lines(params: Any) -> list[str]:
         same = given == value or (isinstance(value, tuple) and tuple(given) == value)
         lines.append(f"  {d.key}: {given}{'' if same else ' (set in the file)'}")
     return lines
+
+
+# The smaller differences between the authors' code and ours that no key switches (book/fidelity.md, "Differences
+# that are not protocol keys": one row each, this name as its first cell): what each changes and why it is no key.
+UNKEYED_DIFFERENCES: tuple[str, ...] = (
+    "text phase warmup",
+    "non-finite steps",
+    "first chunk order",
+    "missing images",
+    "as-published MAGIC evaluation drops",
+    "log floors",
+    "fp16 losses",
+)

@@ -59,9 +59,9 @@ def weights_moved_note(summaries: dict[str, dict[str, Any]]) -> str | None:
     if not still:
         return None
     return ("Most weights did not move in " + "; ".join(still) + ". At a learning rate this small in fp32, most "
-            "AdamW updates round away (an update of about lr is below half a unit in the last place of weights of "
-            "magnitude >= 0.5, e.g. LayerNorm gains at lr 1e-8), so such a run is close to its initial model: "
-            "compare it with zero-shot before reading its numbers as an effect of the objective.")
+            "AdamW updates round away (at lr 1e-8 an update of about lr is below half a unit in the last place of "
+            "every weight of magnitude above 0.25, LayerNorm gains near 1 among them), so such a run is close to its "
+            "initial model: compare it with zero-shot before reading its numbers as an effect of the objective.")
 
 
 def model_info(params: Params, bundle: Any) -> dict[str, Any]:
