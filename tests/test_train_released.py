@@ -104,6 +104,19 @@ def test_absent_released_weights_train_the_row_here(tmp_path):
     assert note and "trained here" in note[0]
 
 
+def test_the_dagger_note_names_each_exposed_row_and_what_it_saw():
+    """table3.md's dagger note gives each marked row its own reasons (its summary's exposure): an RE row on MAGIC
+    chains, a row started from it, a row pretrained on the names; an unmarked row is not named."""
+    re_chains = "RE alignment on MAGIC concept chains: the l1-l4 concept names are its positives (options.data: magic)"
+    models = [{"name": "hierarcaps", "objective": "re", "exposed_to_eval_strings": True, "exposure": [re_chains]},
+              {"name": "hierarcaps_ft", "exposed_to_eval_strings": True, "exposure": [f"from hierarcaps: {re_chains}"]},
+              {"name": "pairwise_pretrain", "exposed_to_eval_strings": False, "exposure": []}]
+    dagger = [n for n in table3_notes(_info(models)) if n.startswith("†")]
+    assert dagger == [(f"† training saw the evaluation strings: hierarcaps: {re_chains}; hierarcaps_ft: from "
+                      f"hierarcaps: {re_chains}.")]
+    assert not [n for n in table3_notes(_info(models[2:])) if n.startswith("†")]
+
+
 def test_released_is_for_re_rows_only():
     with pytest.raises(ValueError, match=r"options.released: Extra inputs are not permitted \(its options: "
                                          r"logit_scale, hierarcaps_features\)"):

@@ -250,8 +250,11 @@ def table3_notes(info: dict) -> list[str]:
                      + "; ".join(f"{m['name']} = {zoo_spec_label(m.get('spec') or {})}" for m in zoo) + ".")
     for name, why in (info.get("zoo_skipped") or {}).items():
         notes.append(f"Zoo model {name} skipped, not scored (results.json zoo_skipped): {why}.")
-    if any(m["exposed_to_eval_strings"] for m in info["models"]):
-        notes.append("† training saw the evaluation strings (textual pretraining with the l1-l4 concept names).")
+    exposed = [m for m in info["models"] if m["exposed_to_eval_strings"]]
+    if exposed:  # each row with what it saw: pretraining on the names, RE on MAGIC's chains, inherited through init
+        notes.append("† training saw the evaluation strings: " + "; ".join(
+            f"{m['name']}: {', '.join(m.get('exposure') or ['reason not recorded in its summary'])}"
+            for m in exposed) + ".")
     return notes
 
 
