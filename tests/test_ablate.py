@@ -1,0 +1,193 @@
+"""One protocol key at a time (`cglib ablate`): a flip changes only its key's spec, the rows it leaves unchanged are
+the run's own (linked, never written), the rows it changes are trained for real in the flipped folder, and every
+cell is scored against the run's own row with Holm's correction over the tested cells."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import snapshot
+from prepared_runs import train_all_prepared
+from test_eval_pipeline import make_run
+from test_training_changes import known_shift
+
+from cglib.ablate import plan_ablation
+from cglib.cli import main as cli_main
+from cglib.config import load_params
+from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX
+from cglib.evaluate import evaluate_run
+from cglib.evaluate.ablation import ablation_cells
+from cglib.evaluate.multiplicity import holm
+from cglib.evaluate.table3 import table3_columns
+from cglib.train.inputs import run_entry, run_spec
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_ROWS = ["clip", "pairwise_pretrain", "centroid_pretrain", "hierarcaps_ft"]
+ROWS = ["clip", "pairwise_pretrain"]
+KEYS = ["train.pretrain_targets", OPTION_PREFIX + "logit_scale"]
+
+
+def flat(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def spec_paths(key: str) -> set[str]:
+    """Where a protocol key shows in a run's spec: an option in the entry's options, pretrain_targets through the
+    entries' resolved `pretrain`, any other key as itself and in an option of its name that the objective fills
+    from the train section (a group loss's tau_inner)."""
+    if key.startswith(OPTION_PREFIX):
+        return {"run.options." + key[len(OPTION_PREFIX):]}
+    return {"run.pretrain"} if key == "train.pretrain_targets" else {key, "run.options." + key.split(".")[-1]}
+
+
+def test_one_key_flipped_changes_that_key_alone_in_every_rows_spec():
+    """On the demo, every protocol key that changes a named row (the file's own keys too, named explicitly):
+    between each row's spec in the run and with the key flipped, exactly that key's place differs (in the row or
+    in the run its init names) for the rows the plan trains, and nothing for the rows it reuses."""
+    params = REPO / "params" / "demo.yaml"
+    default = plan_ablation(params, DEMO_ROWS)
+    assert "magic.generalize" in default.skipped  # acts before training: no row's spec
+    assert {"train.weight_decay", "train.epoch"} <= set(default.skipped)  # the demo sets them itself
+    keys = [d.key for d in DIFFERENCES if d.key != "magic.generalize"]
+    plan = plan_ablation(params, DEMO_ROWS, keys)
+    assert [f.key for f in plan.flips] == keys and not plan.skipped
+    original = load_params(params)
+    for flip in plan.flips:
+        for name in flip.changed + flip.reused:
+            before = flat(json.loads(json.dumps(run_spec(original, run_entry(original, name)), default=str)))
+            after = flat(json.loads(json.dumps(run_spec(flip.params, run_entry(flip.params, name)), default=str)))
+            differ = {k.removeprefix("init.") for k in set(before) | set(after) if before.get(k) != after.get(k)}
+            if name in flip.changed:
+                assert differ and differ <= spec_paths(flip.key), (flip.key, name, differ)
+            else:
+                assert not differ, (flip.key, name, differ)
+    targets = next(f for f in plan.flips if f.key == "train.pretrain_targets")
+    assert targets.changed == ["pairwise_pretrain", "centroid_pretrain"]  # clip and the HierarCaps rows: reused
+    assert plan.trainings == sum(len(f.changed) for f in plan.flips) * 3  # the demo's three training seeds
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A tiny run (tiny_magic, the tiny ViT, one training seed) trained and evaluated: clip and a pretrained
+    pairwise row."""
+    root = tmp_path_factory.mktemp("ablate")
+    run = make_run(root, runs=[{"name": "clip", "loss": "clip"},
+                               {"name": "pairwise_pretrain", "loss": "pairwise", "pretrain": True}])
+    train_all_prepared(run, progress=False)
+    evaluate_run(run, progress=False)
+    return root / "params" / "tiny.yaml", run.dir
+
+
+@pytest.fixture(scope="module")
+def ablated(finished_run):
+    """`cglib ablate` on the finished run with two keys: the exit code, its output, the run's training and
+    evaluation files before and after."""
+    params, run_dir = finished_run
+    before = {part: snapshot(run_dir / part) for part in ("training", "evaluation")}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["ablate", str(params), "--rows", ",".join(ROWS), "--keys", ",".join(KEYS), "--run-dir",
+                         str(run_dir), "--quiet"])
+    after = {part: snapshot(run_dir / part) for part in ("training", "evaluation")}
+    return code, out.getvalue(), before, after
+
+
+def test_the_flipped_rows_train_the_others_are_reused_and_the_run_is_untouched(finished_run, ablated):
+    """Flipping pretrain_targets retrains the pretrained row alone, flipping the CLIP baseline's logit_scale the
+    clip row alone: two trainings, two reused rows (links to the run's weights), and not one byte of the run's
+    own training or evaluation files changes."""
+    _, run_dir = finished_run
+    code, out, before, after = ablated
+    assert code == 0, out
+    assert "2 row trainings" in out and "2 reused from the run" in out
+    assert before == after
+    targets = run_dir / "ablation" / "train.pretrain_targets" / "training"
+    scale = run_dir / "ablation" / "train.runs.options.logit_scale" / "training"
+    for trained, reused in ((targets / "pairwise_pretrain", targets / "clip"),
+                            (scale / "clip", scale / "pairwise_pretrain")):
+        assert (reused / "final.safetensors").is_symlink()
+        assert (reused / "final.safetensors").resolve() == (run_dir / "training" / reused.name / "final.safetensors")
+        assert (trained / "final.safetensors").is_file() and not (trained / "final.safetensors").is_symlink()
+        assert not any(p.is_symlink() for p in trained.rglob("*"))
+    assert json.loads((targets / "pairwise_pretrain" / "summary.json").read_text())["pretrain"] == "with_concepts"
+    clip = json.loads((scale / "clip" / "summary.json").read_text())
+    assert clip["spec"]["run"]["options"]["logit_scale"] == "learned"
+    assert (targets / "initial.safetensors").is_symlink()  # the run's base
+
+
+def test_the_table_has_every_key_row_and_column_with_holm_over_the_tested_cells(finished_run, ablated):
+    """ablation.csv: one line per key x row x Table 3 column; the reused cells are no test; p_holm is Holm over
+    the trained cells; ablation.md has one line per key and row panel; the figure exists as PNG and PDF."""
+    _, run_dir = finished_run
+    cells = pd.read_csv(run_dir / "ablation" / "ablation.csv")
+    metrics = pd.read_csv(run_dir / "evaluation" / "metrics.csv", dtype={"level": str})
+    columns = [c.header for c in table3_columns(metrics)]
+    assert len(cells) == len(KEYS) * len(ROWS) * len(columns)
+    assert set(map(tuple, cells[["key", "row"]].drop_duplicates().to_numpy())) == {(k, r) for k in KEYS for r in ROWS}
+    trained = cells[cells["trained"]]
+    assert set(map(tuple, trained[["key", "row"]].drop_duplicates().to_numpy())) == {
+        ("train.pretrain_targets", "pairwise_pretrain"), (OPTION_PREFIX + "logit_scale", "clip")}
+    assert cells.loc[~cells["trained"], "p_value"].isna().all() and (cells.loc[~cells["trained"], "change"] == 0).all()
+    np.testing.assert_allclose(trained["p_holm"], holm(trained["p_value"].to_numpy(float)))
+    assert (trained["change"] - (trained["flipped"] - trained["run"])).abs().max() < 1e-9
+    scored = trained[trained["images"] > 0]  # tiny_magic's l2 items are all excluded (siblings as negatives)
+    assert len(scored) >= 2 * 4 and scored["p_value"].notna().all()
+    assert ((scored["ci_low"] <= scored["change"] + 1e-9) & (scored["change"] <= scored["ci_high"] + 1e-9)).all()
+    md = (run_dir / "ablation" / "ablation.md").read_text()
+    assert "## clip" in md and "## pairwise_pretrain" in md and "Row trainings: 2" in md
+    assert "| train.pretrain_targets | = (reused)" in md  # clip's line
+    assert f"all {int(trained['p_value'].notna().sum())} tested cells" in md
+    for key, row in (("train.pretrain_targets", "pairwise_pretrain"), (OPTION_PREFIX + "logit_scale", "clip")):
+        # the flipped cell's two sides are the flipped run's and the run's own evaluation of that row
+        folder = run_dir / "ablation" / key.replace("[]", "")
+        theirs = pd.read_csv(folder / "evaluation" / "metrics.csv", dtype={"level": str})
+        for side, table in (("flipped", theirs), ("run", metrics)):
+            value = table.query("model == @row and benchmark == 'forced_choice' and labels == 'dag' and "
+                                "direction == 't2i' and metric == 'accuracy' and level == 'caption'")["value"]
+            cell = cells.query("key == @key and row == @row and column == 'COCO'")[side]
+            assert float(cell.iloc[0]) == pytest.approx(100 * float(value.iloc[0]))
+        trained_weights = (folder / "training" / row / "final.safetensors").read_bytes()
+        assert trained_weights != (run_dir / "training" / row / "final.safetensors").read_bytes()
+    for suffix in ("png", "pdf"):
+        assert (run_dir / "figures" / f"ablation.{suffix}").stat().st_size > 1000
+
+
+def test_cells_find_a_known_change_and_leave_the_reused_rows_out_of_holms_family():
+    """Key k1 retrains model a, which gets a fifth of the items right that the run's a gets wrong, and leaves b the
+    run's; key k2 retrains both, to the same scores: one significant cell, two tested zeros, one untested row."""
+    metrics, better, own, base, improved = known_shift()
+    cells = ablation_cells(metrics, own, {"k1": better, "k2": own}, {"k1": ["a"], "k2": ["a", "b"]}, ["a", "b"],
+                           {"k1": (1, 2), "k2": ("x", "y")}, 500, 0.95, 0).set_index(["key", "row"])
+    assert cells.loc[("k1", "a"), "change"] == pytest.approx(100 * (improved[:, 10:].mean() - base[:, 10:].mean()))
+    assert cells.loc[("k1", "a"), "significant"] and cells.loc[("k1", "a"), "images"] == 390
+    assert not cells.loc[("k1", "b"), "trained"] and np.isnan(cells.loc[("k1", "b"), "p_value"])
+    assert (cells.loc[[("k2", "a"), ("k2", "b")], "change"] == 0).all()
+    assert not cells.loc[[("k2", "a"), ("k2", "b")], "significant"].any()
+    tested = cells["p_value"].notna()
+    assert tested.sum() == 3
+    np.testing.assert_allclose(cells.loc[tested, "p_holm"], holm(cells.loc[tested, "p_value"].to_numpy(float)))
+    assert (cells.loc[("k1", "b"), "from_value"], cells.loc[("k2", "a"), "to_value"]) == ("1", "y")
+
+
+def test_bad_keys_unknown_rows_and_unfinished_runs_exit_2_naming_the_fix(finished_run, tmp_path, capsys):
+    params, run_dir = finished_run
+    args = ["ablate", str(params), "--run-dir", str(run_dir)]
+    assert cli_main([*args, "--rows", "clip", "--keys", "train.nothing"]) == 2
+    assert "train.nothing: not a protocol key; choose among magic.generalize, train.weight_decay" in capsys.readouterr().err
+    assert cli_main([*args, "--rows", "clip,nope"]) == 2
+    assert "no run named 'nope' in train.runs; choose one of ['clip', 'pairwise_pretrain']" in capsys.readouterr().err
+    assert cli_main([*args, "--rows", "clip", "--keys", "train.pretrain_targets"]) == 2
+    assert "changes the spec of none of clip" in capsys.readouterr().err
+    fresh = make_run(tmp_path, runs=[{"name": "clip", "loss": "clip"}])  # MAGIC, no training
+    assert cli_main(["ablate", str(fresh.params_path), "--rows", "clip", "--run-dir", str(fresh.dir)]) == 2
+    err = capsys.readouterr().err
+    assert "the run is not trained; run `cglib run" in err and str(fresh.params_path) in err
