@@ -17,7 +17,7 @@ from prepared_runs import train_all_prepared
 from test_eval_pipeline import make_run
 from test_training_changes import known_shift
 
-from cglib.ablate import plan_ablation
+from cglib.ablate import flipped_run, plan_ablation
 from cglib.cli import main as cli_main
 from cglib.config import load_params
 from cglib.config.protocol import DIFFERENCES, OPTION_PREFIX
@@ -25,6 +25,9 @@ from cglib.evaluate import evaluate_run
 from cglib.evaluate.ablation import ablation_cells
 from cglib.evaluate.multiplicity import holm
 from cglib.evaluate.table3 import table3_columns
+from cglib.prepare.base import initial_is_current, initial_spec
+from cglib.run import RunContext, save_params, write_json
+from cglib.train.checkpoint import INITIAL
 from cglib.train.inputs import run_entry, run_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,6 +179,28 @@ def test_cells_find_a_known_change_and_leave_the_reused_rows_out_of_holms_family
     assert tested.sum() == 3
     np.testing.assert_allclose(cells.loc[tested, "p_holm"], holm(cells.loc[tested, "p_value"].to_numpy(float)))
     assert (cells.loc[("k1", "b"), "from_value"], cells.loc[("k2", "a"), "to_value"]) == ("1", "y")
+
+
+def test_a_flip_of_a_key_the_base_reads_keeps_the_runs_base(tmp_path):
+    """The demo trains its base here, and its spec reads train.weight_decay: the flipped folder records the run's
+    base as its own for the flipped spec (so training reuses it instead of training another base), links its
+    weights, names where it came from and leaves the run's record as it was."""
+    params = REPO / "params" / "demo.yaml"
+    flip = plan_ablation(params, ["clip"], ["train.weight_decay"]).flips[0]
+    run = RunContext(load_params(params), tmp_path / "demo", params)
+    save_params(run.params, run.dir / "params.yaml")
+    (run.training_dir / INITIAL).write_bytes(b"the base's weights")
+    record = {"spec": initial_spec(run), "provenance": {"cglib_source": "another"}}
+    write_json((run.training_dir / INITIAL).with_suffix(".json"), record)
+    flipped = flipped_run(run, flip, [0])
+    assert flipped.dir == run.dir / "ablation" / "train.weight_decay"
+    assert initial_spec(flipped) != initial_spec(run) and initial_is_current(flipped)
+    kept = json.loads((flipped.training_dir / INITIAL).with_suffix(".json").read_text())
+    assert kept["kept_from"] == {"run": str(run.dir), "spec": record["spec"]}
+    assert kept["provenance"] == record["provenance"]  # reused as the run's base is: by the code that made it
+    assert (flipped.training_dir / INITIAL).resolve() == run.training_dir / INITIAL
+    assert json.loads((run.training_dir / INITIAL).with_suffix(".json").read_text()) == record
+    assert flipped.params.train.weight_decay == flip.to_value != run.params.train.weight_decay
 
 
 def test_bad_keys_unknown_rows_and_unfinished_runs_exit_2_naming_the_fix(finished_run, tmp_path, capsys):

@@ -13,6 +13,7 @@ from cglib.figure_data import replottable
 from cglib.viz.style import PAGE_WIDTH, fit_title
 
 REUSED_COLOUR = "#eeeeee"
+WIDE = 8  # columns up to which a cell's CI keeps one decimal at 6 pt
 
 
 @replottable
@@ -28,6 +29,7 @@ def plot_ablation(cells: pd.DataFrame, title: str = "") -> Figure:
                 if len(trained) else 1.0)
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-limit, vmax=limit)
     cell_h = 0.42
+    digits = 1 if len(columns) <= WIDE else 0  # a CI with decimals is wider than a cell of a wide table
     fig, axes = plt.subplots(len(rows), 1, squeeze=False, layout="constrained",
                              figsize=(PAGE_WIDTH, 0.9 + len(rows) * (0.7 + cell_h * len(keys))))
     image = None
@@ -50,7 +52,8 @@ def plot_ablation(cells: pd.DataFrame, title: str = "") -> Figure:
                             fontsize=6, color="#777777")
                     continue
                 significant = bool(c["significant"])
-                text = f"{c['change']:+.1f}{' *' if significant else ''}\n[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]"
+                text = (f"{c['change']:+.1f}{' *' if significant else ''}\n"
+                        f"[{c['ci_low']:+.{digits}f}, {c['ci_high']:+.{digits}f}]")
                 dark = abs(float(c["change"])) > 0.6 * limit
                 ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white" if dark else "black",
                         fontweight="bold" if significant else "normal")
