@@ -84,7 +84,7 @@ def finished_run(tmp_path_factory):
     pairwise row."""
     root = tmp_path_factory.mktemp("ablate")
     run = make_run(root, runs=[{"name": "clip", "loss": "clip"},
-                               {"name": "pairwise_pretrain", "loss": "pairwise", "pretrain": True}])
+                               {"name": "pairwise_pretrain", "loss": "pairwise", "pretrain": True}], seeds=[0])
     train_all_prepared(run, progress=False)
     evaluate_run(run, progress=False)
     return root / "params" / "tiny.yaml", run.dir
@@ -92,16 +92,20 @@ def finished_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ablated(finished_run):
-    """`cglib ablate` on the finished run with two keys: the exit code, its output, the run's training and
-    evaluation files before and after."""
+    """`cglib ablate` on the finished run with two keys, twice: the exit codes, the outputs, the run's training and
+    evaluation files before and after, and the flipped rows' files after each call."""
     params, run_dir = finished_run
     before = {part: snapshot(run_dir / part) for part in ("training", "evaluation")}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli_main(["ablate", str(params), "--rows", ",".join(ROWS), "--keys", ",".join(KEYS), "--run-dir",
-                         str(run_dir), "--quiet"])
+    codes, outs, flipped = [], [], []
+    for _ in range(2):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            codes.append(cli_main(["ablate", str(params), "--rows", ",".join(ROWS), "--keys", ",".join(KEYS),
+                                   "--run-dir", str(run_dir), "--quiet"]))
+        outs.append(out.getvalue())
+        flipped.append(snapshot(run_dir / "ablation"))
     after = {part: snapshot(run_dir / part) for part in ("training", "evaluation")}
-    return code, out.getvalue(), before, after
+    return codes, outs, before, after, flipped
 
 
 def test_the_flipped_rows_train_the_others_are_reused_and_the_run_is_untouched(finished_run, ablated):
@@ -109,10 +113,14 @@ def test_the_flipped_rows_train_the_others_are_reused_and_the_run_is_untouched(f
     clip row alone: two trainings, two reused rows (links to the run's weights), and not one byte of the run's
     own training or evaluation files changes."""
     _, run_dir = finished_run
-    code, out, before, after = ablated
-    assert code == 0, out
-    assert "2 row trainings" in out and "2 reused from the run" in out
+    codes, (out, again), before, after, flipped = ablated
+    assert codes == [0, 0], out + again
+    assert "2 row trainings" in out and "2 reused from the run" in out and "(2 by this call)" in out
     assert before == after
+    # a second call finds every flipped row trained: it trains nothing and leaves their weights as they were
+    assert "(0 by this call)" in again and "0 trained by this call" in (run_dir / "ablation" / "ablation.md").read_text()
+    weights = [k for k in flipped[0] if k.endswith("final.safetensors")]
+    assert len(weights) == 4 and all(flipped[0][k] == flipped[1][k] for k in weights)
     targets = run_dir / "ablation" / "train.pretrain_targets" / "training"
     scale = run_dir / "ablation" / "train.runs.options.logit_scale" / "training"
     for trained, reused in ((targets / "pairwise_pretrain", targets / "clip"),
@@ -213,6 +221,8 @@ def test_bad_keys_unknown_rows_and_unfinished_runs_exit_2_naming_the_fix(finishe
     assert cli_main([*args, "--rows", "clip", "--keys", "train.pretrain_targets"]) == 2
     assert "changes the spec of none of clip" in capsys.readouterr().err
     fresh = make_run(tmp_path, runs=[{"name": "clip", "loss": "clip"}])  # MAGIC, no training
+    assert cli_main(["ablate", str(fresh.params_path), "--rows", "clip", "--dry-run"]) == 0  # no run needed
+    assert "row trainings (" in capsys.readouterr().out
     assert cli_main(["ablate", str(fresh.params_path), "--rows", "clip", "--run-dir", str(fresh.dir)]) == 2
     err = capsys.readouterr().err
     assert "the run is not trained; run `cglib run" in err and str(fresh.params_path) in err
