@@ -102,7 +102,8 @@ class AblationPlan:
 
     def lines(self) -> list[str]:
         """The plan in words: one line per key, the total."""
-        out = [f"{f.key}: {f.from_value!r} -> {f.to_value!r}; trains {', '.join(f.changed)}"
+        out = [f"{f.key}: {f.from_value!r}{' (the params file sets it)' if f.pinned else ''} -> {f.to_value!r}; "
+               f"trains {', '.join(f.changed)}"
                + (f"; reuses {', '.join(f.reused)}" if f.reused else "") for f in self.flips]
         out += [f"not flipped: {key} ({why})" for key, why in self.skipped.items()]
         out.append(f"{self.trainings} row trainings ({len(self.flips)} keys, rows {', '.join(self.rows)}, "
@@ -171,8 +172,9 @@ def plan_ablation(params_path: str | Path, rows: list[str], keys: list[str] | No
     """Which keys flip, what each retrains and reuses: from the params file alone (no run needed).
 
     `keys` None: every protocol key whose flip changes the spec of a named row, except those the params file sets
-    itself (their value is the file's, not the protocol's; name them to flip them anyway). ValueError for an
-    unknown row or key, a named key that changes no named row, or a flip that makes the params invalid."""
+    itself (their value is the file's, not the protocol's; name them to flip them anyway) and those whose flip
+    makes the params invalid. ValueError for an unknown row or key, or a named key that changes no named row or
+    makes the params invalid."""
     params_path = Path(params_path)
     params = load_params(params_path, check_paths=check_paths)
     if not rows:
@@ -196,7 +198,11 @@ def plan_ablation(params_path: str | Path, rows: list[str], keys: list[str] | No
         try:
             flipped = parse_params(deep_merge(raw, overrides), params_root(params_path), check_paths)
         except ParamsError as exc:
-            raise ValueError(f"{key} flipped to {to!r} makes the params invalid: {exc}") from None
+            why = f"flipped to {to!r} it makes the params invalid: {exc}"
+            if keys is not None:
+                raise ValueError(f"{key}: {why}") from None
+            plan.skipped[key] = why
+            continue
         changed = [n for n in names if _spec(params, n) != _spec(flipped, n)]
         if not changed:
             why = f"it changes the spec of none of {', '.join(names)}"
