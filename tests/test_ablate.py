@@ -211,6 +211,23 @@ def test_a_flip_of_a_key_the_base_reads_keeps_the_runs_base(tmp_path):
     assert flipped.params.train.weight_decay == flip.to_value != run.params.train.weight_decay
 
 
+def test_weights_saved_where_a_link_stands_replace_the_link_not_the_file_it_names(tmp_path):
+    """A flipped folder's files are links to the run's: saving weights there (a base or a row trained again) makes a
+    file of the folder's own and leaves the run's weights as they were."""
+    import torch
+
+    from cglib.weights import save_weights
+
+    theirs = tmp_path / "run" / "final.safetensors"
+    save_weights(torch.nn.Linear(2, 2), theirs)
+    before = theirs.read_bytes()
+    mine = tmp_path / "flipped" / "final.safetensors"
+    mine.parent.mkdir()
+    mine.symlink_to(theirs)
+    save_weights(torch.nn.Linear(3, 3), mine)
+    assert not mine.is_symlink() and mine.read_bytes() != before and theirs.read_bytes() == before
+
+
 def test_bad_keys_unknown_rows_and_unfinished_runs_exit_2_naming_the_fix(finished_run, tmp_path, capsys):
     params, run_dir = finished_run
     args = ["ablate", str(params), "--run-dir", str(run_dir)]
