@@ -325,7 +325,8 @@ def ablate(params_path: str | Path, rows: list[str], keys: list[str] | None = No
     cells = ablation_cells(metrics, load_scores(run.dir), scores, {f.key: f.changed for f in plan.flips}, plan.rows,
                            {f.key: (f.from_value, f.to_value) for f in plan.flips}, int(settings["bootstrap"]),
                            float(settings["ci"]), int(settings["bootstrap_seed"]))
-    counts = {"trained": plan.trainings, "reused": plan.reused, "trained_now": trained_now}
+    counts = {"trained": plan.trainings, "reused": plan.reused, "trained_now": trained_now, "keys": len(plan.flips),
+              "rows": len(plan.flips[0].changed + plan.flips[0].reused)}
     markdown = ablation_markdown(cells, run.dir.name, plan.protocol, plan.other, counts, plan.seeds, plan.skipped)
     paths = write_ablation(cells, run.dir / ABLATION_DIR, markdown)
     apply_style()

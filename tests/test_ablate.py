@@ -118,7 +118,7 @@ def test_the_flipped_rows_train_the_others_are_reused_and_the_run_is_untouched(f
     assert "2 row trainings" in out and "2 reused from the run" in out and "(2 by this call)" in out
     assert before == after
     # a second call finds every flipped row trained: it trains nothing and leaves their weights as they were
-    assert "(0 by this call)" in again and "0 trained by this call" in (run_dir / "ablation" / "ablation.md").read_text()
+    assert "(0 by this call)" in again and "0 of them trained by this call" in (run_dir / "ablation" / "ablation.md").read_text()
     weights = [k for k in flipped[0] if k.endswith("final.safetensors")]
     assert len(weights) == 4 and all(flipped[0][k] == flipped[1][k] for k in weights)
     targets = run_dir / "ablation" / "train.pretrain_targets" / "training"
@@ -154,7 +154,7 @@ def test_the_table_has_every_key_row_and_column_with_holm_over_the_tested_cells(
     assert len(scored) >= 2 * 4 and scored["p_value"].notna().all()
     assert ((scored["ci_low"] <= scored["change"] + 1e-9) & (scored["change"] <= scored["ci_high"] + 1e-9)).all()
     md = (run_dir / "ablation" / "ablation.md").read_text()
-    assert "## clip" in md and "## pairwise_pretrain" in md and "Row trainings: 2" in md
+    assert "## clip" in md and "## pairwise_pretrain" in md and "Row trainings: 2 = 2 keys x 2 rows" in md
     assert "| train.pretrain_targets | = (reused)" in md  # clip's line
     assert f"all {int(trained['p_value'].notna().sum())} tested cells" in md
     for key, row in (("train.pretrain_targets", "pairwise_pretrain"), (OPTION_PREFIX + "logit_scale", "clip")):

@@ -73,7 +73,8 @@ def _cell_text(r: Any) -> str:
 def ablation_markdown(cells: pd.DataFrame, run_name: str, protocol: str, other: str, counts: Mapping[str, int],
                       seeds: Sequence[int], skipped: Mapping[str, str]) -> str:
     """Per row, keys x Table 3 columns, each cell 'change [CI]' (* where significant after Holm), the keys' values,
-    the training count and how the cells were computed."""
+    the training count and how the cells were computed. `counts`: trained, reused and trained_now (row trainings),
+    keys and rows (the named rows with their init chain)."""
     lines = [f"# One key at a time: run `{run_name}` ({protocol}), each key flipped to its {other} value", ""]
     if cells.empty:
         lines.append("No named row is scored in a Table 3 column of the run.")
@@ -90,9 +91,10 @@ def ablation_markdown(cells: pd.DataFrame, run_name: str, protocol: str, other: 
     lines += ["## The keys", ""] + [f"- `{r.key}`: {r.from_value} -> {r.to_value}" for r in values.itertuples()]
     lines += [f"- not flipped: `{key}` ({why})" for key, why in skipped.items()]
     lines += ["", "## How to read it", "",
-              (f"- Row trainings: {counts['trained']} (keys x rows x {len(seeds)} training seed(s) {list(seeds)}, "
-               f"minus the {counts['reused']} whose spec the flip leaves unchanged: the run's own weights, reused); "
-               f"{counts['trained_now']} trained by this call, the others by an earlier one."),
+              (f"- Row trainings: {counts['trained']} = {counts['keys']} keys x {counts['rows']} rows (the named ones "
+               f"and those their init names) x {len(seeds)} training seed(s) {list(seeds)}, minus the "
+               f"{counts['reused']} whose spec the flip leaves unchanged (the run's own weights, reused); "
+               f"{counts['trained_now']} of them trained by this call, the others by an earlier one."),
               ("- Each cell: the row trained with that one key flipped (every other key, the seeds, the base, MAGIC "
                "and the evaluation items are the run's) minus the run's own row, in points: the mean over the "
                "training seeds and the test images of each image's accuracy; paired bootstrap over those images "
