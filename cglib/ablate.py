@@ -51,7 +51,16 @@ from cglib.evaluate.results import METRICS_FILE, RESULTS_FILE, SCORES_FILE, load
 from cglib.prepare import prepare_inputs
 from cglib.prepare.base import initial_spec
 from cglib.prepare.stage import with_inits
-from cglib.run import RunContext, link_run, open_run, output_path, save_params, training_dir, write_json
+from cglib.run import (
+    RunContext,
+    link_run,
+    open_run,
+    other_code,
+    output_path,
+    save_params,
+    training_dir,
+    write_json,
+)
 from cglib.train.checkpoint import FINAL, INITIAL
 from cglib.train.inputs import OPTION_KEY_DEFAULTS, run_entry, run_spec
 from cglib.train.processes import train_runs
@@ -252,6 +261,22 @@ def check_finished(run: RunContext, plan: AblationPlan) -> None:
                          f"`{command} --only 06` first")
 
 
+def other_code_notes(run: RunContext, plan: AblationPlan) -> list[str]:
+    """A line per named row of the run trained by other library code than this one (its summary's provenance): its
+    flipped rows are trained by this code, so its cells would mix the key's change with the code's."""
+    out = []
+    for name in plan.rows:
+        for k in plan.seeds:
+            summary = json.loads((training_dir(run.dir, k) / name / SUMMARY).read_text(encoding="utf-8"))
+            other = other_code(summary.get("provenance"))
+            if other is not None:
+                out.append(f"note: row {name!r} of the run (training seed {k}) was trained by {other}, and its flipped "
+                           "rows by this code: its cells mix the key's change with the code's; train the run again "
+                           f"first (`cglib run {plan.params_path} --from 05 --retrain-changed`)")
+                break
+    return out
+
+
 def _keep_base(run: RunContext, flipped: RunContext) -> None:
     """Make the run's base the flipped run's (training/initial.json of this training seed), see the module doc."""
     meta = json.loads((run.training_dir / INITIAL).with_suffix(".json").read_text(encoding="utf-8"))
@@ -307,7 +332,8 @@ def ablate(params_path: str | Path, rows: list[str], keys: list[str] | None = No
     params = load_params(params_path)
     run = RunContext(params, Path(run_dir) if run_dir else params.run_dir(), Path(params_path))
     check_finished(run, plan)
-    for line in plan.lines():
+    notes = other_code_notes(run, plan)
+    for line in plan.lines() + notes:
         print(line)
     scores, trained_now = {}, 0
     for flip in plan.flips:
@@ -327,7 +353,8 @@ def ablate(params_path: str | Path, rows: list[str], keys: list[str] | None = No
                            float(settings["ci"]), int(settings["bootstrap_seed"]))
     counts = {"trained": plan.trainings, "reused": plan.reused, "trained_now": trained_now, "keys": len(plan.flips),
               "rows": len(plan.flips[0].changed + plan.flips[0].reused)}
-    markdown = ablation_markdown(cells, run.dir.name, plan.protocol, plan.other, counts, plan.seeds, plan.skipped)
+    markdown = ablation_markdown(cells, run.dir.name, plan.protocol, plan.other, counts, plan.seeds, plan.skipped,
+                                 notes)
     paths = write_ablation(cells, run.dir / ABLATION_DIR, markdown)
     apply_style()
     figure = plot_ablation(cells, f"Run {run.dir.name} ({plan.protocol}): one key flipped to its {plan.other} value")

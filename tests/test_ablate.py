@@ -211,6 +211,23 @@ def test_a_flip_of_a_key_the_base_reads_keeps_the_runs_base(tmp_path):
     assert flipped.params.train.weight_decay == flip.to_value != run.params.train.weight_decay
 
 
+def test_a_run_trained_by_other_code_is_named_beside_its_cells(tmp_path):
+    """The flipped rows are trained by this code; a run's row trained by other library code makes a note naming
+    that code and the command that trains the run again, and a row trained by this code none."""
+    from cglib.ablate import other_code_notes
+    from cglib.run import provenance
+
+    params = REPO / "params" / "demo.yaml"
+    plan = plan_ablation(params, ["clip", "pairwise"], ["train.tau_inner"])
+    run = RunContext(load_params(params), tmp_path / "demo", params)
+    for name, made in (("clip", {"git_commit": "1d39b0e2f0aa77", "cglib_source": "other"}), ("pairwise", provenance())):
+        for k in plan.seeds:
+            write_json(run.for_training_seed(k).training_dir / name / "summary.json", {"provenance": made})
+    notes = other_code_notes(run, plan)
+    assert len(notes) == 1 and "row 'clip'" in notes[0] and "cglib 1d39b0e2f0aa" in notes[0]
+    assert f"cglib run {params} --from 05 --retrain-changed" in notes[0]
+
+
 def test_weights_saved_where_a_link_stands_replace_the_link_not_the_file_it_names(tmp_path):
     """A flipped folder's files are links to the run's: saving weights there (a base or a row trained again) makes a
     file of the folder's own and leaves the run's weights as they were."""

@@ -71,10 +71,10 @@ def _cell_text(r: Any) -> str:
 
 
 def ablation_markdown(cells: pd.DataFrame, run_name: str, protocol: str, other: str, counts: Mapping[str, int],
-                      seeds: Sequence[int], skipped: Mapping[str, str]) -> str:
+                      seeds: Sequence[int], skipped: Mapping[str, str], notes: Sequence[str] = ()) -> str:
     """Per row, keys x Table 3 columns, each cell 'change [CI]' (* where significant after Holm), the keys' values,
     the training count and how the cells were computed. `counts`: trained, reused and trained_now (row trainings),
-    keys and rows (the named rows with their init chain)."""
+    keys and rows (the named rows with their init chain); `notes`: lines said under the tables."""
     lines = [f"# One key at a time: run `{run_name}` ({protocol}), each key flipped to its {other} value", ""]
     if cells.empty:
         lines.append("No named row is scored in a Table 3 column of the run.")
@@ -104,6 +104,7 @@ def ablation_markdown(cells: pd.DataFrame, run_name: str, protocol: str, other: 
                "so it is the run's own model and no test."),
               ("- Keys act together in a run: the cells of one key need not add up to what the whole protocol "
                "changes (`cglib compare-protocols` compares two whole twin runs).")]
+    lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
