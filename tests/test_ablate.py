@@ -137,7 +137,8 @@ def test_the_flipped_rows_train_the_others_are_reused_and_the_run_is_untouched(f
 
 def test_the_table_has_every_key_row_and_column_with_holm_over_the_tested_cells(finished_run, ablated):
     """ablation.csv: one line per key x row x Table 3 column; the reused cells are no test; p_holm is Holm over
-    the trained cells; ablation.md has one line per key and row panel; the figure exists as PNG and PDF."""
+    the trained cells; ablation.md has one line per key and row panel; the figure exists as PNG and PDF, and is
+    redrawn from its data alone like every figure."""
     _, run_dir = finished_run
     cells = pd.read_csv(run_dir / "ablation" / "ablation.csv")
     metrics = pd.read_csv(run_dir / "evaluation" / "metrics.csv", dtype={"level": str})
@@ -170,6 +171,7 @@ def test_the_table_has_every_key_row_and_column_with_holm_over_the_tested_cells(
         assert trained_weights != (run_dir / "training" / row / "final.safetensors").read_bytes()
     for suffix in ("png", "pdf"):
         assert (run_dir / "figures" / f"ablation.{suffix}").stat().st_size > 1000
+    assert cli_main(["figures", str(run_dir), "--from-data", "--formats", "png"]) == 0  # its data redraw it
 
 
 def test_cells_find_a_known_change_and_leave_the_reused_rows_out_of_holms_family():
