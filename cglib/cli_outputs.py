@@ -1,6 +1,6 @@
 """`cglib` commands that turn a finished run into outputs: figures (rebuilt, or redrawn from their saved data), the
-protocol comparison, the one-key-at-a-time ablation, the static HTML report and the book. Their heavy imports stay inside the handlers, so
-`cglib --help` and `cglib validate` stay light."""
+protocol comparison, the one-key-at-a-time ablation, the static HTML report and the book. Their heavy imports stay
+inside the handlers, so `cglib --help` and `cglib validate` stay light."""
 
 from __future__ import annotations
 

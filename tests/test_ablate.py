@@ -118,7 +118,8 @@ def test_the_flipped_rows_train_the_others_are_reused_and_the_run_is_untouched(f
     assert "2 row trainings" in out and "2 reused from the run" in out and "(2 by this call)" in out
     assert before == after
     # a second call finds every flipped row trained: it trains nothing and leaves their weights as they were
-    assert "(0 by this call)" in again and "0 of them trained by this call" in (run_dir / "ablation" / "ablation.md").read_text()
+    assert "(0 by this call)" in again
+    assert "0 of them trained by this call" in (run_dir / "ablation" / "ablation.md").read_text()
     weights = [k for k in flipped[0] if k.endswith("final.safetensors")]
     assert len(weights) == 4 and all(flipped[0][k] == flipped[1][k] for k in weights)
     targets = run_dir / "ablation" / "train.pretrain_targets" / "training"
@@ -251,7 +252,8 @@ def test_bad_keys_unknown_rows_and_unfinished_runs_exit_2_naming_the_fix(finishe
     params, run_dir = finished_run
     args = ["ablate", str(params), "--run-dir", str(run_dir)]
     assert cli_main([*args, "--rows", "clip", "--keys", "train.nothing"]) == 2
-    assert "train.nothing: not a protocol key; choose among magic.generalize, train.weight_decay" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "train.nothing: not a protocol key; choose among magic.generalize, train.weight_decay" in err
     assert cli_main([*args, "--rows", "clip,nope"]) == 2
     assert "no run named 'nope' in train.runs; choose one of ['clip', 'pairwise_pretrain']" in capsys.readouterr().err
     assert cli_main([*args, "--rows", "clip", "--keys", "train.pretrain_targets"]) == 2
