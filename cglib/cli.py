@@ -18,7 +18,13 @@ import sys
 from pathlib import Path
 
 from cglib.cli_models import evaluate_model_command, search_command
-from cglib.cli_outputs import book_command, compare_protocols_command, figures_command, report_command
+from cglib.cli_outputs import (
+    ablate_command,
+    book_command,
+    compare_protocols_command,
+    figures_command,
+    report_command,
+)
 from cglib.config import ParamsError, load_params, schema_table
 from cglib.config.protocol import protocol_lines
 from cglib.data.download import NAMED_DOWNLOADS, DownloadError, download_named, mirror_urls
@@ -275,6 +281,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("published_run", help="the run folder trained with run.protocol: as_published")
     p.add_argument("--out", help="folder for training_changes.csv/.md (default: CORRECTED_RUN/evaluation)")
     p.set_defaults(func=compare_protocols_command)
+
+    p = sub.add_parser("ablate", help="one protocol key at a time: train named rows of a finished run again with "
+                       "only one key flipped to the other protocol's value (rows the flip leaves unchanged are "
+                       "reused), score each against the run's own row per Table 3 column (paired CIs, Holm over "
+                       "every cell); writes RUN/ablation/ablation.csv/.md and RUN/figures/ablation.png/.pdf; exit 0 "
+                       "written, 2 a bad row or key, or a run not trained and evaluated with these params")
+    p.add_argument("params", help="the params file of the finished run")
+    p.add_argument("--rows", required=True, help="comma-separated train.runs names, e.g. clip,centroid_pretrain")
+    p.add_argument("--keys", help="comma-separated protocol keys (default: every key whose flip changes a named "
+                   "row, except those the params file sets itself); `cglib params` and the guide's page 'Paper "
+                   "fidelity' list them")
+    p.add_argument("--run-dir", help="the run folder (default: <run.output_dir>/<run.name>)")
+    p.add_argument("--dry-run", action="store_true", help="print which keys flip and how many row trainings they "
+                   "need, from the params alone, and stop (no run needed)")
+    p.add_argument("--retrain-changed", action="store_true",
+                   help="train again the flipped rows that other library code trained (as `cglib run`)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=ablate_command)
 
     p = sub.add_parser("report", help="a run's executed notebooks as a static HTML report (index with Table 3, "
                        "Table 1 and Fig. 4, one page per notebook, figures embedded); exit 0 ok (missing pieces "

@@ -1,10 +1,11 @@
 """`cglib` commands that turn a finished run into outputs: figures (rebuilt, or redrawn from their saved data), the
-protocol comparison, the static HTML report and the book. Their heavy imports stay inside the handlers, so
-`cglib --help` and `cglib validate` stay light."""
+protocol comparison, the one-key-at-a-time ablation, the static HTML report and the book. Their heavy imports stay
+inside the handlers, so `cglib --help` and `cglib validate` stay light."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -51,6 +52,30 @@ def compare_protocols_command(args: argparse.Namespace) -> int:
     print(paths["md"].read_text(encoding="utf-8"))
     print(f"{len(changes)} cells, {int(changes['significant'].sum())} significant after Holm; written to "
           f"{paths['csv']} and {paths['md']}")
+    return 0
+
+
+def ablate_command(args: argparse.Namespace) -> int:
+    from cglib.ablate import ablate, plan_ablation  # lazy: torch; keeps cglib --help light
+    from cglib.run import RETRAIN_CHANGED_ENV  # lazy: numpy; keeps cglib --help light
+
+    rows = [r for r in args.rows.split(",") if r]
+    keys = [k for k in args.keys.split(",") if k] if args.keys else None
+    try:
+        if args.dry_run:
+            print("\n".join(plan_ablation(args.params, rows, keys, check_paths=False).lines()))
+            return 0
+        if args.retrain_changed:  # training reads it where it decides to reuse
+            os.environ[RETRAIN_CHANGED_ENV] = "1"
+        result = ablate(args.params, rows, keys, args.run_dir, progress=not args.quiet)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.paths["md"].read_text(encoding="utf-8"))
+    tested = int(result.cells["p_value"].notna().sum())
+    print(f"{result.plan.trainings} row trainings ({result.trained_now} by this call), {result.plan.reused} reused; "
+          f"{tested} tested cells, {int(result.cells['significant'].sum())} significant after Holm; written to "
+          + ", ".join(str(p) for p in result.paths.values()))
     return 0
 
 

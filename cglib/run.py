@@ -335,9 +335,11 @@ LINKED_RECORD = "linked_run.json"
 NOT_LINKED = frozenset({"notebooks", "report", "book", "run.json", "own_objective", LINKED_RECORD})
 
 
-def link_run(shared: str | Path, dest: str | Path) -> dict[str, Any]:
+def link_run(shared: str | Path, dest: str | Path, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Make `dest` a run folder of your own over the finished run `shared` (a class's run, which may be read-only):
-    every folder of `shared` is made in `dest` and every file is a symbolic link to the shared one, except NOT_LINKED.
+    every folder of `shared` is made in `dest` and every file is a symbolic link to the shared one, except NOT_LINKED
+    and the top-level entries named in `skip` (`dest` may lie inside `shared` under such an entry: an ablation's
+    flipped runs, `cglib ablate`).
 
     Reading through a link costs no disk. Every library write goes to a temporary file that then replaces its
     target (`write_text_atomic`), so a write replaces the link with a file of `dest` and the shared run's files are
@@ -346,14 +348,16 @@ def link_run(shared: str | Path, dest: str | Path) -> dict[str, Any]:
     shared, dest = Path(shared).resolve(), Path(dest)
     if not (shared / "params.yaml").is_file():
         raise FileNotFoundError(f"{shared} is not a run folder (no params.yaml); pass the folder `cglib run` wrote")
-    if dest.resolve() == shared or shared in dest.resolve().parents:
+    inside = dest.resolve().relative_to(shared).parts if shared in dest.resolve().parents else None
+    if dest.resolve() == shared or (inside is not None and inside[0] not in skip):
         raise ValueError(f"{dest} is inside the shared run {shared}; choose a folder outside it")
+    not_linked = NOT_LINKED | skip
     linked = kept = 0
     for root, folders, files in os.walk(shared):
         relative = Path(root).relative_to(shared)
         if relative == Path("."):
-            folders[:] = [f for f in folders if f not in NOT_LINKED]
-            files = [f for f in files if f not in NOT_LINKED]
+            folders[:] = [f for f in folders if f not in not_linked]
+            files = [f for f in files if f not in not_linked]
         (dest / relative).mkdir(parents=True, exist_ok=True)
         for name in [f for f in folders if (Path(root) / f).is_symlink()] + files:  # a linked folder stays a link
             target = dest / relative / name

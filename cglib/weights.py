@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from cglib.run import output_path
+
 
 def tensors_sha1(tensors: dict[str, torch.Tensor]) -> str:
     """Content hash of named tensors (names, dtypes, shapes and bytes, in name order)."""
@@ -33,8 +35,7 @@ def save_weights(model: torch.nn.Module, path: str | Path, *, exclude: Sequence[
     """
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = output_path(path)  # a link there (a folder over another run's files) is replaced, never written through
     full = model.state_dict()
     missing = sorted(set(exclude) - set(full))
     if missing:

@@ -35,6 +35,29 @@ CELL_COLUMNS = ["model", "column", "images", "corrected", "as_published", "chang
                 "p_holm", "significant"]
 
 
+def paired_cell(ours: Scores, theirs: Scores, what: str, resamples: int, ci: float, seed: int,
+                stream: str) -> dict[str, float]:
+    """`ours` minus `theirs` in points on the test images both score (each image's mean per training seed), with
+    the paired bootstrap CI and p-value over those images and the seeds; `what` names the pair in errors."""
+    common = np.intersect1d(np.unique(ours.units), np.unique(theirs.units))
+    a, b = image_means(ours, common), image_means(theirs, common)
+    if a.n_seeds != b.n_seeds:
+        raise ValueError(f"{what}: {a.n_seeds} training seeds against {b.n_seeds}; train both runs with the same "
+                         "train.seeds")
+    diff, _ = set_difference([a], [b], resamples, ci, seed, stream=stream)
+    return {"images": int(common.size), "ours": 100 * a.mean(), "theirs": 100 * b.mean(), "change": 100 * diff.value,
+            "ci_low": 100 * diff.low, "ci_high": 100 * diff.high, "p_value": diff.p_value}
+
+
+def holm_marked(cells: pd.DataFrame, ci: float) -> pd.DataFrame:
+    """`cells` with p_holm (Holm over every cell with a p-value; NaN ones are no test) and significant (the CI
+    excludes 0 and p_holm <= 1 - ci)."""
+    cells = cells.copy()
+    cells["p_holm"] = holm(cells["p_value"].to_numpy(float)) if len(cells) else []
+    cells["significant"] = ((cells["ci_low"] > 0) | (cells["ci_high"] < 0)) & (cells["p_holm"] <= 1 - ci)
+    return cells
+
+
 def training_changes(metrics: pd.DataFrame, corrected: dict[tuple[str, ...], dict[str, Scores]],
                      published: dict[tuple[str, ...], dict[str, Scores]], resamples: int, ci: float,
                      seed: int) -> pd.DataFrame:
@@ -46,19 +69,11 @@ def training_changes(metrics: pd.DataFrame, corrected: dict[tuple[str, ...], dic
         key = (column.benchmark, column.labels, column.direction, column.metric, column.level)
         ours, theirs = corrected.get(key, {}), published.get(key, {})
         for model in [m for m in ours if m in theirs]:
-            common = np.intersect1d(np.unique(ours[model].units), np.unique(theirs[model].units))
-            a, b = image_means(ours[model], common), image_means(theirs[model], common)
-            if a.n_seeds != b.n_seeds:
-                raise ValueError(f"{model}: {a.n_seeds} training seeds corrected, {b.n_seeds} as published; train "
-                                 "both runs with the same train.seeds")
-            diff, _ = set_difference([a], [b], resamples, ci, seed, stream=f"training|{model}|{column.header}")
-            rows.append({"model": model, "column": column.header, "images": int(common.size),
-                         "corrected": 100 * a.mean(), "as_published": 100 * b.mean(), "change": 100 * diff.value,
-                         "ci_low": 100 * diff.low, "ci_high": 100 * diff.high, "p_value": diff.p_value})
-    out = pd.DataFrame(rows, columns=CELL_COLUMNS[:-2])
-    out["p_holm"] = holm(out["p_value"].to_numpy(float)) if len(out) else []
-    out["significant"] = ((out["ci_low"] > 0) | (out["ci_high"] < 0)) & (out["p_holm"] <= 1 - ci)
-    return out
+            cell = paired_cell(ours[model], theirs[model], f"{model} (corrected against as published)", resamples,
+                               ci, seed, stream=f"training|{model}|{column.header}")
+            cell["corrected"], cell["as_published"] = cell.pop("ours"), cell.pop("theirs")
+            rows.append({"model": model, "column": column.header, **cell})
+    return holm_marked(pd.DataFrame(rows, columns=CELL_COLUMNS[:-2]), ci)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
