@@ -29,10 +29,9 @@ import torch
 from PIL import Image
 
 from cglib.data.dataset import CaptionDataset
-from cglib.data.image_cache import dataset_digest, decoded_images
+from cglib.data.image_cache import INDEX_FILE, complete_index, dataset_digest, decoded_images
 
 PIXELS_FILE = "pixels.bin"
-INDEX_FILE = "index.json"
 CACHE_VERSION = 1
 SHORT_SIDE_MARGIN = 1.25  # stored short side = ceil(1.25 * size): a crop (>= ~0.87 of the short side) reduces
 CROP_SCALE = (0.9, 1.0)  # open_clip's AugmentationCfg default: the crop's share of the image's area
@@ -144,11 +143,8 @@ def crop_cache_key(dataset: CaptionDataset, size: int) -> str:
 def open_crop_cache(dataset: CaptionDataset, size: int, cache_dir: Path) -> CropCache | None:
     """The already built crop cache of `dataset` at `size` under `cache_dir`, or None when there is none."""
     directory = Path(cache_dir) / crop_cache_key(dataset, size)
-    index_path = directory / INDEX_FILE
-    if not index_path.is_file() or not (directory / PIXELS_FILE).is_file():
-        return None
-    index = json.loads(index_path.read_text(encoding="utf-8"))
-    return CropCache(directory, index) if index.get("version") == CACHE_VERSION and index.get("complete") else None
+    index = complete_index(directory, PIXELS_FILE, CACHE_VERSION)
+    return None if index is None else CropCache(directory, index)
 
 
 def build_crop_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progress: bool = True) -> CropCache:

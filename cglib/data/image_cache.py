@@ -152,14 +152,21 @@ def cache_key(dataset: CaptionDataset, size: int) -> str:
     return f"{size}px-{digest.hexdigest()[:16]}"
 
 
+def complete_index(directory: Path, pixels_file: str, version: int) -> dict | None:
+    """The index of a cache folder whose build finished (its pixels file in place, its index of `version` marked
+    complete), else None."""
+    index_path = directory / INDEX_FILE
+    if not index_path.is_file() or not (directory / pixels_file).is_file():
+        return None
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    return index if index.get("version") == version and index.get("complete") else None
+
+
 def open_image_cache(dataset: CaptionDataset, size: int, cache_dir: Path) -> ImageCache | None:
     """The already built cache of `dataset` at `size` under `cache_dir`, or None when there is none."""
     directory = Path(cache_dir) / cache_key(dataset, size)
-    index_path = directory / INDEX_FILE
-    if not index_path.is_file() or not (directory / PIXELS_FILE).is_file():
-        return None
-    index = json.loads(index_path.read_text(encoding="utf-8"))
-    if index.get("version") != CACHE_VERSION or not index.get("complete"):
+    index = complete_index(directory, PIXELS_FILE, CACHE_VERSION)
+    if index is None:
         return None
     return ImageCache(directory, index["image_ids"], index["size"], Counter(index["skipped"]), index["skipped_ids"],
                       n_dataset=index.get("n_dataset"))
