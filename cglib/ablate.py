@@ -92,6 +92,7 @@ class AblationPlan:
     the keys left out with why."""
 
     params_path: Path
+    params: Params  # the run's params, as validated
     protocol: str
     other: str
     rows: list[str]
@@ -196,7 +197,7 @@ def plan_ablation(params_path: str | Path, rows: list[str], keys: list[str] | No
     raw = yaml.safe_load(params_path.read_text(encoding="utf-8"))
     protocol = params.run.protocol
     other = _other(protocol)
-    plan = AblationPlan(params_path, protocol, other, list(rows), list(params.train.seeds), [])
+    plan = AblationPlan(params_path, params, protocol, other, list(rows), list(params.train.seeds), [])
     for key in keys or known:
         to = _plain(protocol_value(key, other))
         overrides, pinned = flip_overrides(raw, params, key, to, names)
@@ -329,7 +330,7 @@ def ablate(params_path: str | Path, rows: list[str], keys: list[str] | None = No
     """Train the named rows of the finished run once per key with only that key flipped, evaluate them, and write
     `<run>/ablation/ablation.csv`, `ablation.md` and the figure `<run>/figures/ablation.png|pdf`."""
     plan = plan_ablation(params_path, rows, keys)
-    params = load_params(params_path)
+    params = plan.params
     run = RunContext(params, Path(run_dir) if run_dir else params.run_dir(), Path(params_path))
     check_finished(run, plan)
     notes = other_code_notes(run, plan)

@@ -30,6 +30,7 @@ from PIL import Image
 
 from cglib.data.dataset import CaptionDataset
 from cglib.data.image_cache import INDEX_FILE, complete_index, dataset_digest, decoded_images
+from cglib.run import write_text_atomic
 
 PIXELS_FILE = "pixels.bin"
 CACHE_VERSION = 1
@@ -115,7 +116,9 @@ class CropCache:
 
     def image(self, image_id: str) -> Image.Image:
         """The stored image of `image_id`, with its aspect ratio."""
-        k = self.row(image_id)
+        return self._stored_image(self.row(image_id))
+
+    def _stored_image(self, k: int) -> Image.Image:
         if self._pixels is None:
             self._pixels = np.memmap(self.directory / PIXELS_FILE, dtype=np.uint8, mode="r")
         width, height = self.stored[k]
@@ -129,7 +132,7 @@ class CropCache:
         kept = list(zip(image_ids, originals, boxes, strict=True))[keep]
         out = np.empty((len(kept), self.size, self.size, 3), dtype=np.uint8)
         for i, (image_id, original, box) in enumerate(kept):
-            out[i] = resized_crop(self.image(image_id), original, box, self.size)
+            out[i] = resized_crop(self._stored_image(self._row[image_id]), original, box, self.size)
         return out
 
 
@@ -153,7 +156,6 @@ def build_crop_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progre
     if existing is not None:
         return existing
     directory = Path(cache_dir) / crop_cache_key(dataset, size)
-    index_path = directory / INDEX_FILE
     directory.mkdir(parents=True, exist_ok=True)
     index = {"version": CACHE_VERSION, "complete": True, "size": size, "n_dataset": len(dataset), "image_ids": [],
              "stored": [], "originals": [], "skipped": Counter(), "skipped_ids": {}}
@@ -170,12 +172,10 @@ def build_crop_cache(dataset: CaptionDataset, size: int, cache_dir: Path, progre
                 index["skipped_ids"][image_id] = result.reason
                 continue
             stored, original = result
-            out.write(np.ascontiguousarray(np.asarray(stored.convert("RGB"), dtype=np.uint8)).tobytes())
+            out.write(stored.tobytes())  # RGB rows, as decoded_images hands them
             index["image_ids"].append(image_id)
             index["stored"].append(list(stored.size))
             index["originals"].append(list(original))
     tmp.replace(directory / PIXELS_FILE)
-    index_tmp = directory / (INDEX_FILE + ".tmp")
-    index_tmp.write_text(json.dumps(index), encoding="utf-8")
-    index_tmp.replace(index_path)
+    write_text_atomic(directory / INDEX_FILE, json.dumps(index))
     return CropCache(directory, index)
