@@ -30,6 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = ["pairwise", "pairwise_pretrain"]  # a group-loss run and the textual-pretraining run of the rehearsal
 COMPARED = ["loss", "inner", "outer", "grad_norm", "lr"]
 LR = 0.01
+# The rehearsal pretrains on the text tower's raw outputs (as published): logits in the hundreds, a loss near 700
+# and gradient norms near 5e4 before clipping. At lr 0.01 that phase is chaotic, measured: the two trainings'
+# rounding grew from 1e-7 to 1.2e-3 of the gradient norm within 22 steps. At 1e-3 each step still moves the loss
+# (733 -> 1318 in two steps), so a wrong gradient shows in the later ones, and the largest relative difference of
+# a logged pretraining value was 8.5e-6 (a gradient norm); the image-text steps stayed within 3e-6.
+PRETRAIN_LR = 1e-3
+PRETRAIN_RTOL, TRAIN_RTOL = 1e-4, 1e-5
 
 
 def rehearsal_params(path: Path) -> Path:
@@ -40,7 +47,7 @@ def rehearsal_params(path: Path) -> Path:
              # the paper's lr (1e-8) barely moves fp32 weights, so a wrong gradient would not show in later steps'
              # losses; a larger step makes every later loss depend on the previous steps' gradients. The authors'
              # Adam eps (1e-8) would multiply rounding by lr / eps per step: ADAM_EPS bounds it (float_tolerance.py)
-             "lr": LR, "pretrain_lr": LR, "adam_eps": ADAM_EPS,
+             "lr": LR, "pretrain_lr": PRETRAIN_LR, "adam_eps": ADAM_EPS,
              # the authors' pretraining (run.protocol) in batches of 8 pairs: this small MAGIC has 48, fewer than
              # the rehearsal's 64
              "pretrain_batch_size": 8}
@@ -84,8 +91,9 @@ def train(params: Path, run_dir: Path, world_size: int) -> str:
 
 @pytest.mark.slow
 def test_rehearsal_training_under_torchrun_equals_one_process(tmp_path):
-    """2 gloo ranks (one group each, 2 loader workers each) log the losses of one process to 1e-5, every step, and
-    end with its weights up to float32 rounding (float_tolerance.py)."""
+    """2 gloo ranks (one group each, 2 loader workers each) log the losses of one process, every step (relative
+    1e-5; 1e-4 in the raw-feature pretraining, see PRETRAIN_LR), and end with its weights up to float32 rounding
+    (float_tolerance.py)."""
     params = rehearsal_params(tmp_path / "rehearsal-ddp.yaml")
     single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
     train(params, single_dir, 1)
@@ -110,7 +118,8 @@ def test_rehearsal_training_under_torchrun_equals_one_process(tmp_path):
                     assert g[column] == "", (name, e["global_step"], column)
                     continue
                 a, b = float(e[column]), float(g[column])
-                assert math.isfinite(a) and b == pytest.approx(a, rel=1e-5, abs=1e-5), (name, e["global_step"],
+                rtol = PRETRAIN_RTOL if e["phase"] == "pretrain" else TRAIN_RTOL
+                assert math.isfinite(a) and b == pytest.approx(a, rel=rtol, abs=1e-5), (name, e["global_step"],
                                                                                        column, a, b)
                 if column == "loss":
                     worst[name] = max(worst.get(name, 0.0), abs(a - b))
