@@ -276,10 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare-protocols", help="what the training corrections change: Table 3 of two finished "
                        "runs of one params file, trained corrected and as published (run.protocol), cell by cell "
-                       "with paired CIs; exit 0 written, 2 the folders are not such twins")
+                       "with paired CIs; where `cglib ablate` ran on the twins, also which key moves which cell "
+                       "(key_effects.csv/.md/.png); exit 0 written, 2 the folders are not such twins")
     p.add_argument("corrected_run", help="the run folder trained with run.protocol: corrected")
     p.add_argument("published_run", help="the run folder trained with run.protocol: as_published")
-    p.add_argument("--out", help="folder for training_changes.csv/.md (default: CORRECTED_RUN/evaluation)")
+    p.add_argument("--out", help="folder for training_changes.csv/.md and key_effects.* (default: "
+                   "CORRECTED_RUN/evaluation)")
     p.set_defaults(func=compare_protocols_command)
 
     p = sub.add_parser("ablate", help="one protocol key at a time: train named rows of a finished run again with "

@@ -42,7 +42,16 @@ def figures_command(args: argparse.Namespace) -> int:
 
 
 def compare_protocols_command(args: argparse.Namespace) -> int:
-    from cglib.evaluate.training_changes import write_training_changes  # lazy: pandas; light --help
+    import matplotlib.pyplot as plt  # lazy: keeps cglib --help light
+
+    from cglib.evaluate.key_effects import (  # lazy: pandas
+        KEY_EFFECTS_STEM,
+        twin_key_effects,
+        write_key_effects,
+    )
+    from cglib.evaluate.training_changes import write_training_changes  # lazy: pandas
+    from cglib.viz.key_effects import plot_key_effects  # lazy: matplotlib
+    from cglib.viz.style import apply_style, save_figure  # lazy: matplotlib
 
     try:
         changes, paths = write_training_changes(args.corrected_run, args.published_run, args.out)
@@ -52,6 +61,19 @@ def compare_protocols_command(args: argparse.Namespace) -> int:
     print(paths["md"].read_text(encoding="utf-8"))
     print(f"{len(changes)} cells, {int(changes['significant'].sum())} significant after Holm; written to "
           f"{paths['csv']} and {paths['md']}")
+    effects = twin_key_effects(args.corrected_run, args.published_run, changes)
+    if effects.empty:
+        print("no one-key ablation in either run (`cglib ablate PARAMS --rows ...` on each twin adds the table of "
+              "which key moves which cell)")
+        return 0
+    written = write_key_effects(effects, paths["md"].parent, Path(args.corrected_run).name,
+                                Path(args.published_run).name)
+    apply_style()
+    figure = plot_key_effects(effects, "Which key moves which cell")
+    written_figures = save_figure(figure, paths["md"].parent, KEY_EFFECTS_STEM, ("png", "pdf"))
+    plt.close(figure)
+    print(written["md"].read_text(encoding="utf-8"))
+    print("written to " + ", ".join(str(p) for p in [*written.values(), *written_figures]))
     return 0
 
 

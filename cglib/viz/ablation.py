@@ -17,10 +17,11 @@ WIDE = 8  # columns up to which a cell's CI keeps one decimal at 6 pt
 
 
 @replottable
-def plot_ablation(cells: pd.DataFrame, title: str = "") -> Figure:
+def plot_ablation(cells: pd.DataFrame, title: str = "", measure: str = "flipped minus the run's own") -> Figure:
     """One heat-map panel per row (stacked): keys as rows, Table 3 columns as columns; colour and text the change
     in points with its CI, bold with * where significant after Holm; grey 'reused' where the flip leaves the row
-    unchanged ('no items' where the column scores no test image). `cells`: `cglib.evaluate.ablation.ablation_cells`."""
+    unchanged ('no items' where the column scores no test image). `cells`: `cglib.evaluate.ablation.ablation_cells`;
+    `measure`: what a cell's change is, in each panel's title."""
     rows = list(dict.fromkeys(cells["row"]))
     keys = list(dict.fromkeys(cells["key"]))
     columns = list(dict.fromkeys(cells["column"]))
@@ -64,7 +65,7 @@ def plot_ablation(cells: pd.DataFrame, title: str = "") -> Figure:
         ax.grid(which="minor", color="white", linewidth=1.0)
         ax.grid(which="major", visible=False)
         ax.tick_params(which="minor", length=0)
-        ax.set_title(f"{row}: flipped minus the run's own (points, CI; * significant after Holm)", fontsize=9,
+        ax.set_title(f"{row}: {measure} (points, CI; * significant after Holm)", fontsize=9,
                      loc="left")
     if image is not None:
         fig.colorbar(image, ax=axes[:, 0].tolist(), shrink=0.6, label="change (points)")
