@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -47,11 +48,25 @@ def test_cpu_run_prints_positive_figures_for_every_loss() -> None:
     assert "amp off (fp32) (train.amp: auto_fp16 of paper.yaml)" in done.stdout  # the authors' fp16 is GPU-only
 
 
-def test_bad_arguments_exit_2() -> None:
+def gpu_check_main():
+    """benchmarks/gpu_check.py's main, imported in this process: an argument error needs no subprocess (each one
+    imports torch and open_clip again, about 30 s on a busy 2-core machine)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_bad_arguments_exit_2(capsys) -> None:
     """Unknown losses are refused; without CUDA, --device cuda says to use --device cpu."""
-    assert run("--device", "cpu", "--losses", "clip,nope").returncode == 2
-    done = run("--device", "cpu", "--amp", "fp16")
-    assert done.returncode == 2 and "needs CUDA" in done.stderr
+    main = gpu_check_main()
+    with pytest.raises(SystemExit) as refused:
+        main(["--device", "cpu", "--losses", "clip,nope"])
+    assert refused.value.code == 2 and "--losses must be a subset" in capsys.readouterr().err
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--device", "cpu", "--amp", "fp16"]) == 2 and "needs CUDA" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)  # main sets one thread on CPU before it refuses fp16
     if not torch.cuda.is_available():
-        done = run("--device", "cuda")
-        assert done.returncode == 2 and "--device cpu" in done.stderr
+        assert main(["--device", "cuda"]) == 2 and "--device cpu" in capsys.readouterr().err
