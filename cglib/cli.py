@@ -216,6 +216,13 @@ def _student_version(args: argparse.Namespace) -> int:
         print(f"  left as they were: {', '.join(p.name for p in done.left)}")
     for backup in done.backups:
         print(f"  replaced, the earlier copy kept as {backup}")
+    # a cell left as shipped gives way to the environment (cglib.run.notebook_run_paths): say so where it matters
+    if args.params is None:
+        print("  params_path left as shipped: the notebooks open $CGLIB_PARAMS when set, else the repository's "
+              "params/demo.yaml")
+    if args.run_dir is None:
+        print("  run_dir left as shipped: the notebooks open $CGLIB_RUN_DIR when set, else the params' "
+              "outputs/<run.name>")
     print(f"Open them in JupyterLab, or run them headless: cglib run {args.params or 'PARAMS'} --notebooks "
           f"{args.out}" + (f" --out {args.run_dir}" if args.run_dir else ""))
     return 0
@@ -380,10 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="outputs/student", help="folder for the student notebooks (default: "
                    "outputs/student)")
     p.add_argument("--notebooks", help="notebook folder (default: the repository's notebooks/)")
-    p.add_argument("--params", help="the params file the notebooks' parameters cells name (default: as in the "
-                   "notebooks, ../params/demo.yaml)")
+    p.add_argument("--params", help="the params file the notebooks' parameters cells name, written relative to "
+                   "--out (default: the cells as shipped, which read $CGLIB_PARAMS when set, else the repository's "
+                   "params/demo.yaml)")
     p.add_argument("--run-dir", help="the run folder the notebooks' parameters cells name, e.g. a folder made by "
-                   "`cglib link-run` over the class's run (default: the params' outputs/<run.name>)")
+                   "`cglib link-run` over the class's run (default: $CGLIB_RUN_DIR when set, else the params' "
+                   "outputs/<run.name>)")
     p.add_argument("--update", action="store_true", help="write only the notebooks absent from --out (by "
                    "default a folder holding any that differ from the student version is refused: they may hold a "
                    "student's work)")

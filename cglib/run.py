@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 
 from cglib.code_identity import library_digest
-from cglib.config import Params, load_params
+from cglib.config import Params, ParamsError, load_params
 from cglib.frontend import text_bars_if_headless
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -145,6 +145,71 @@ def open_run(params_path: str | Path, run_dir: str | Path | None = None, check_p
     seed_everything(params.run.seed)
     set_threads(params.run.threads)
     return RunContext(params=params, dir=directory, params_path=Path(params_path))
+
+
+# ----------------------------------------------------------------------------------------- a notebook's run
+# A notebook's parameters cell ships these values, relative to notebooks/. A copy of the notebook elsewhere (the
+# folder `cglib student-version` writes, an nbgrader course folder, Colab) would not find them from its own folder,
+# so the notebook opens its run through `open_notebook_run`, which looks further (`notebook_run_paths`).
+SHIPPED_PARAMS_PATH = "../params/demo.yaml"
+SHIPPED_RUN_DIR = ""  # the params' outputs/<run.name>
+PARAMS_ENV = "CGLIB_PARAMS"  # a params file a teacher sets once for every notebook of a class
+RUN_DIR_ENV = "CGLIB_RUN_DIR"  # the run folder those notebooks read and write
+
+
+class NotebookParamsNotFound(ParamsError):
+    """No params file for a notebook, with the one line that says what to set. In Jupyter the line is all the
+    error shows: IPython prints `_render_traceback_` instead of the frames, which would only hide the fix."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+def notebook_run_paths(params_path: str | Path, run_dir: str | Path = SHIPPED_RUN_DIR) -> tuple[Path, Path | None]:
+    """The params file and run folder a notebook opens, from its parameters cell's values, whatever folder it runs
+    in (relative paths are read from the working directory: the notebook's folder in Jupyter and papermill).
+
+    Params file, the first that applies:
+    1. the cell's `params_path` when it differs from SHIPPED_PARAMS_PATH (given by papermill, `cglib run`,
+       `cglib student-version --params`, or edited by hand): that file, which must exist;
+    2. the environment variable CGLIB_PARAMS: that file, which must exist;
+    3. SHIPPED_PARAMS_PATH, when it exists from here (a notebook in the repository's notebooks/);
+    4. the file of that name in the params/ folder of the repository cglib is installed from (an editable install).
+    Run folder: the cell's `run_dir` when not empty, else CGLIB_RUN_DIR when set, else None (`open_run` then uses
+    the params' outputs/<run.name>).
+
+    A value equal to the shipped one counts as not given, so a teacher's environment variables reach every copy of
+    the unchanged notebooks. Raises NotebookParamsNotFound, one line naming what to set, when nothing is found."""
+    here = Path.cwd()
+    params_path, run_dir = str(params_path), str(run_dir or "")
+    directory = Path(run_dir) if run_dir else None
+    if directory is None and os.environ.get(RUN_DIR_ENV):
+        directory = Path(os.environ[RUN_DIR_ENV])
+    if params_path != SHIPPED_PARAMS_PATH:
+        if not Path(params_path).is_file():
+            raise NotebookParamsNotFound(
+                f"params_path {params_path!r} of the first cell is not a file seen from {here}: correct it, or put "
+                f"back {SHIPPED_PARAMS_PATH!r} to use {PARAMS_ENV} or the repository's params")
+        return Path(params_path), directory
+    from_env = os.environ.get(PARAMS_ENV)
+    if from_env:
+        if not Path(from_env).is_file():
+            raise NotebookParamsNotFound(f"{PARAMS_ENV}={from_env} is not a file seen from {here}: set it to an "
+                                         "existing params file such as /path/to/params/classroom.yaml")
+        return Path(from_env), directory
+    for candidate in (Path(SHIPPED_PARAMS_PATH), REPO_ROOT / "params" / Path(SHIPPED_PARAMS_PATH).name):
+        if candidate.is_file():
+            return candidate, directory
+    raise NotebookParamsNotFound(
+        f"no params file found from {here}: set {PARAMS_ENV}=/path/to/params/classroom.yaml (and {RUN_DIR_ENV}="
+        f"/path/to/your/run) or edit params_path in the first cell")
+
+
+def open_notebook_run(params_path: str | Path, run_dir: str | Path = SHIPPED_RUN_DIR) -> RunContext:
+    """`open_run` for the cell after a notebook's parameters cell: the params file and run folder that
+    `notebook_run_paths` finds from the cell's values."""
+    params_file, directory = notebook_run_paths(params_path, run_dir)
+    return open_run(params_file, directory)
 
 
 def seed_everything(seed: int) -> None:
