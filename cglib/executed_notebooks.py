@@ -45,12 +45,12 @@ def check_run_folder(run_dir: Path, command: str, need_notebooks: bool) -> None:
 
 
 def machine_paths(run_dir: Path) -> list[tuple[str, str]]:
-    """(absolute path, what a page writes instead), longest path first: every folder of the machines a run was
-    made and read on that its pages may name. The run folder where it is now and where it was made (run.json's
-    `run_dir`: a copied or moved run still prints its first location) -> relative to the run (`.`); the params file
-    the run started from (run.json's `params_file`) -> its file name; the repository -> `<repo>` and the home
-    folder -> `~`, those of the machine that made the run (run.json's `repository`, `home`) and of this one; the
-    temporary folder (kernels' cell files in warnings, scratch folders) -> `<tmp>`."""
+    """(absolute path, what a page writes instead) for every folder of the machines a run was made and read on
+    that its pages may name. The run folder where it is now and where it was made (run.json's `run_dir`: a copied
+    or moved run still prints its first location) -> relative to the run (`.`); the params file the run started
+    from (run.json's `params_file`) -> its file name; the repository -> `<repo>` and the home folder -> `~`, those
+    of the machine that made the run (run.json's `repository`, `home`) and of this one; the temporary folder
+    (kernels' cell files in warnings, scratch folders) -> `<tmp>`."""
     manifest = _read_manifest(run_dir)
     rewrites = {str(run_dir.resolve()): RUN_NAME, str(run_dir.absolute()): RUN_NAME}
     if isinstance(manifest.get("run_dir"), str):
@@ -71,8 +71,7 @@ def machine_paths(run_dir: Path) -> list[tuple[str, str]]:
     for folder in {tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir()), "/tmp"}:
         rewrites.setdefault(folder, TEMP_NAME)
     # a path of one part ("/", a home folder of "/") would turn every absolute path into nonsense
-    kept = [(path, short) for path, short in rewrites.items() if len(Path(path).parts) > 1]
-    return sorted(kept, key=lambda rewrite: len(rewrite[0]), reverse=True)
+    return [(path, short) for path, short in rewrites.items() if len(Path(path).parts) > 1]
 
 
 def _read_manifest(run_dir: Path) -> dict:
@@ -90,14 +89,16 @@ def rewrite_machine_paths(text: str, rewrites: list[tuple[str, str]], markup: bo
     `/tmp/run2` is not the run folder `/tmp/run`, so only its `/tmp` is rewritten. A kernel's cell file (in a
     warning raised by a cell) becomes `<cell>`. `markup`: `text` is HTML, where a bare `<tmp>` would be read as a
     tag and vanish, so the short names are escaped."""
+    if not rewrites:
+        return text
     name = html.escape if markup else str
-    for path, short in rewrites:
-        # the path's own start (not `/var/tmp` for `/tmp`), then a separator or its end: no name character follows
-        # (a dot only where it ends a sentence)
-        pattern = (r"(?<![\w.~/-])" + re.escape(path)
-                   + r"(?:(?P<sep>" + re.escape(os.sep) + r")|(?![\w-]|\.\w))")
-        shown = name(short)
-        text = re.sub(pattern, lambda match, shown=shown: _shortened(shown, match["sep"]), text)
+    shown = {path: name(short) for path, short in rewrites}
+    # One pass, the longest path first at each place: a rewritten path is not read again (`<repo>/tmp/x` stays).
+    # A path starts where no name character (nor `~`) precedes it (`/var/tmp` is not `/tmp`; `sqlite:////tmp/x` is)
+    # and ends at a separator or where no name character follows (a dot only where it ends a sentence).
+    paths = "|".join(re.escape(path) for path in sorted(shown, key=len, reverse=True))
+    pattern = rf"(?<![\w.~-])(?P<path>{paths})(?:(?P<sep>{re.escape(os.sep)})|(?![\w-]|\.\w))"
+    text = re.sub(pattern, lambda match: _shortened(shown[match["path"]], match["sep"]), text)
     return re.sub(re.escape(name(TEMP_NAME)) + KERNEL_CELL_FILE, name(KERNEL_CELL_NAME), text)
 
 

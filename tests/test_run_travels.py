@@ -90,6 +90,14 @@ def test_the_parameters_cell_names_a_params_file_outside_the_run_by_its_name(tmp
             INJECTED_NOTE, 'params_path = "demo.yaml"', 'run_dir = "."'], params
 
 
+def test_a_rewritten_path_is_not_read_again_and_a_url_keeps_its_slashes(tmp_path, reader_home):
+    """`<repo>/tmp/x` does not become `<repo><tmp>/x`; optuna's storage URL `sqlite:////<run>/search/a.sqlite3`
+    becomes one relative to the run."""
+    run = copied_run(tmp_path / "copy", MADE_AT)
+    text = "/home/ann/cglib/tmp/x sqlite:////home/ann/cglib/outputs/demo/search/a.sqlite3 sqlite:////tmp/b.db"
+    assert relative_to_run(text, run) == "<repo>/tmp/x sqlite:///search/a.sqlite3 sqlite:///<tmp>/b.db"
+
+
 def test_only_whole_folder_names_are_rewritten(tmp_path, reader_home):
     """`/data/runs/demo2` is not the run `/data/runs/demo`, `/var/tmp` is not `/tmp`; other folders stay as they
     are."""
