@@ -325,7 +325,10 @@ def run_series(params: Params, params_path: Path, run_dir: Path, notebooks: list
     folder = notebooks[0].parent if notebooks else default_notebook_dir()
     scope = {"asked": [p.name[:2] for p in notebooks], "available": [p.name[:2] for p in available or notebooks],
              "notebook_dir": None if folder.resolve() == default_notebook_dir().resolve() else str(folder)}
+    # the folders of this machine that pages may print (the repository, the home folder): a report or book made
+    # from a copy of the run elsewhere writes them by short names (cglib.executed_notebooks.machine_paths)
     manifest = provenance(params, params_file=str(params_path.resolve()), run_dir=str(run_dir.resolve()),
+                          repository=str(REPO_ROOT), home=os.path.expanduser("~"),
                           kernel=kernel, started=started, runner=runner_identity(), scope=scope)
 
     def save(status: str) -> None:

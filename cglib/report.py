@@ -1,8 +1,10 @@
 """A run as a static HTML report (`cglib report RUN_DIR`): an index with Table 3, Table 1 and Fig. 4 up front,
 then one page per executed notebook (nbconvert), for readers who do not run Jupyter.
 
-Pages name no folder of the machine that ran the notebooks: paths inside the run folder are written relative to
-it (papermill's injected parameters too, where the params file outside the run is named by its file name).
+Pages name no folder of the machine that ran the notebooks, nor of the one that builds the report: paths inside
+the run folder are written relative to it, where it was made and wherever it was copied since (papermill's injected
+parameters too, where the params file outside the run is named by its file name); the repository, the home folder
+and the temporary folder print as `<repo>`, `~` and `<tmp>` (`cglib.executed_notebooks.machine_paths`).
 Pages are self-contained: figures in notebook outputs (and the explorers' static renderings) are inline data
 URIs; the index's figures are copied beside it (`figures/`) and linked relatively, so the report folder can be
 zipped and shared, and read offline: MathJax 2.7 comes from the jupyter-server-mathjax package (PyPI), copied
@@ -111,7 +113,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, need_no
                 _figures_section(run_dir, report), _missing_section(report)]
     title = f"Run {_run_name(run_dir)}"
     index = _page(title, _run_header(run_dir, manifest) + "".join(sections))
-    report.index.write_text(relative_to_run(index, run_dir), encoding="utf-8")
+    report.index.write_text(relative_to_run(index, run_dir, markup=True), encoding="utf-8")
     return report
 
 

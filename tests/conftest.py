@@ -82,7 +82,8 @@ GROUP_OF_FILE = {
     **dict.fromkeys(["tests/test_book.py", "tests/test_classroom.py", "tests/test_course.py",
                      "tests/test_demo_pipeline.py", "tests/test_student_run.py"], "classroom"),
     **dict.fromkeys(["tests/test_browser.py", "tests/test_magic_hf.py", "tests/test_related_e2e.py",
-                     "tests/test_report.py", "tests/test_stage_accounts.py", "tests/test_viz_headless.py"], "small_run"),
+                     "tests/test_report.py", "tests/test_run_travels.py", "tests/test_stage_accounts.py",
+                     "tests/test_viz_headless.py"], "small_run"),
 }
 LONGEST_GROUPS_FIRST = ["classroom", "small_run", "tests/test_rehearsal_e2e.py"]
 
