@@ -21,8 +21,6 @@ KEY_EFFECTS_CSV = "key_effects.csv"
 KEY_EFFECTS_MD = "key_effects.md"
 KEY_EFFECTS_STEM = "key_effects"  # the figure, key_effects.png|pdf beside them
 TWINS = "all keys (the twins)"
-SOURCES = {"twins": "the twin runs, every key at once", "in_as_published": "this key alone corrected in the "
-           "as-published run", "in_corrected": "this key alone as published in the corrected run (sign turned)"}
 COLUMNS = ["row", "column", "key", "source", "change", "ci_low", "ci_high", "p_holm", "significant"]
 
 
